@@ -1,0 +1,70 @@
+"""verispec: lossless speculative decoding with draft trees.
+
+A drafter proposes a tree of likely continuations, the target model scores the
+whole tree in one forward pass with tree attention, and a verifier keeps the
+longest path it can accept while the output stays distributed exactly as the
+target alone would produce it.
+
+Quick start::
+
+    import verispec
+    model, tokenizer = verispec.load_default_model()
+    decoder = verispec.SpeculativeDecoder(model, verispec.drafters.TokenRecycling(), tokenizer=tokenizer)
+    result = decoder.generate("Explain speculative decoding.", max_new_tokens=64)
+    print(result.text, result.mean_accepted_tokens)
+"""
+
+from typing import Any
+
+from verispec import errors
+from verispec.core import (
+    DecodeState,
+    DraftTree,
+    GenerationConfig,
+    GenerationResult,
+    SamplingParams,
+    SpeculativeDecoder,
+    StepOutcome,
+    Verdict,
+)
+from verispec.core.engine import set_default_verifier_policy
+from verispec.verifiers import default_verifier
+
+set_default_verifier_policy(default_verifier)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DecodeState",
+    "DraftTree",
+    "GenerationConfig",
+    "GenerationResult",
+    "HFModel",
+    "SamplingParams",
+    "SpeculativeDecoder",
+    "StepOutcome",
+    "Verdict",
+    "drafters",
+    "errors",
+    "load_default_model",
+    "verifiers",
+]
+
+_LAZY = {
+    # models/ imports transformers, which takes seconds: load it on first use.
+    "HFModel": ("verispec.models.hf", "HFModel"),
+    "load_default_model": ("verispec.models.default", "load_default_model"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    if name in ("drafters", "verifiers", "models", "kernels"):
+        import importlib
+
+        return importlib.import_module(f"verispec.{name}")
+    raise AttributeError(f"module 'verispec' has no attribute {name!r}")

@@ -1,0 +1,333 @@
+"""The speculative decoding loop.
+
+``SpeculativeDecoder.generate`` prefills the prompt, then repeats
+
+1. propose   — the drafter sends a :class:`~verispec.core.tree.DraftTree`;
+2. score     — the target scores root and tree in one ``forward_tree``;
+3. verify    — the verifier keeps one path and draws one extra token;
+4. commit    — the target keeps only that path's KV entries;
+5. observe   — the drafter learns from the outcome;
+
+until an end-of-sequence token, a stop string or ``max_new_tokens``. With no
+drafter (or a drafter that always sends an empty tree) this is plain
+autoregressive decoding through the same code.
+
+The core knows no concrete verifier: it is handed one, or a policy that picks
+one from the sampling parameters. The package's public face installs the
+default policy (``Greedy`` at temperature 0, recursive rejection otherwise).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import attrs
+import torch
+
+from verispec.core.sampling import SamplingParams
+from verispec.core.tree import DraftTree
+from verispec.core.types import (
+    DecodeState,
+    Drafter,
+    GenerationConfig,
+    LanguageModel,
+    StepOutcome,
+    Verdict,
+    Verifier,
+)
+from verispec.errors import ConfigError, ContextLengthError, IncompatibleModelsError
+
+__all__ = [
+    "GenerationResult",
+    "SpeculativeDecoder",
+    "StepStats",
+    "set_default_verifier_policy",
+]
+
+VerifierPolicy = Callable[[SamplingParams], Verifier]
+_default_policy: VerifierPolicy | None = None
+
+
+def set_default_verifier_policy(policy: VerifierPolicy) -> None:
+    """Install the policy used by decoders built without a verifier (done by ``verispec``)."""
+    global _default_policy
+    _default_policy = policy
+
+
+@attrs.frozen
+class StepStats:
+    """Per-step figures. Times are wall-clock seconds."""
+
+    tree_size: int
+    accepted: int  # draft tokens accepted (the extra token not counted)
+    draft_s: float
+    target_s: float
+    verify_s: float
+
+    @property
+    def committed(self) -> int:
+        return self.accepted + 1
+
+
+@attrs.frozen
+class GenerationResult:
+    """The tokens of one generation and how they were obtained.
+
+    Attributes:
+        tokens: the new token ids (prompt excluded), truncated at the stop condition.
+        text: ``tokens`` decoded, when the decoder has a tokenizer.
+        prompt_length: tokens in the prompt.
+        steps: one :class:`StepStats` per target forward after the prefill.
+        prefill_s, total_s: wall-clock seconds of the prefill and of the whole call.
+        finish_reason: ``"eos"``, ``"stop_string"``, ``"max_new_tokens"`` or ``"length"``
+            (the model's context is full).
+    """
+
+    tokens: list[int]
+    text: str | None
+    prompt_length: int
+    steps: list[StepStats]
+    prefill_s: float
+    total_s: float
+    finish_reason: Literal["eos", "stop_string", "max_new_tokens", "length"]
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Mean tokens committed per target forward, counting the extra token (MAT)."""
+        if not self.steps:
+            return 0.0
+        return sum(s.committed for s in self.steps) / len(self.steps)
+
+    @property
+    def mean_tree_size(self) -> float:
+        return sum(s.tree_size for s in self.steps) / len(self.steps) if self.steps else 0.0
+
+    @property
+    def decode_s(self) -> float:
+        """Seconds spent after the prefill."""
+        return self.total_s - self.prefill_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second over the whole call, prefill included."""
+        return len(self.tokens) / self.total_s if self.total_s > 0 else 0.0
+
+    def time_split(self) -> dict[str, float]:
+        """Total seconds in drafting, target forwards and verification."""
+        return {
+            "draft": sum(s.draft_s for s in self.steps),
+            "target": sum(s.target_s for s in self.steps),
+            "verify": sum(s.verify_s for s in self.steps),
+        }
+
+
+class _NoDraft:
+    """The autoregressive baseline: always the empty tree."""
+
+    needs_draft_model = False
+
+    def begin(self, state: DecodeState) -> None:
+        pass
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        return DraftTree.empty()
+
+    def observe(self, outcome: StepOutcome) -> None:
+        pass
+
+
+class SpeculativeDecoder:
+    """Lossless speculative decoding of one sequence at a time.
+
+    Args:
+        target: the model whose distribution the output follows.
+        drafter: proposes the draft trees; ``None`` decodes autoregressively.
+        verifier: a :class:`Verifier`, or a callable mapping :class:`SamplingParams`
+            to one; ``None`` uses the package default (greedy at temperature 0,
+            recursive rejection sampling otherwise).
+        tokenizer: a Hugging Face tokenizer, to accept string prompts, decode text,
+            apply stop strings and find the end-of-sequence token.
+    """
+
+    def __init__(
+        self,
+        target: LanguageModel,
+        drafter: Drafter | None = None,
+        verifier: Verifier | VerifierPolicy | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        self.target = target
+        self.drafter: Drafter = drafter if drafter is not None else _NoDraft()
+        if verifier is None:
+            if _default_policy is None:
+                raise ConfigError(
+                    "`verifier` must be given when verispec's default policy is not installed; "
+                    "import verispec (not only verispec.core) or pass one."
+                )
+            verifier = _default_policy
+        self._verifier = verifier
+        self.tokenizer = tokenizer
+        if tokenizer is not None:
+            tokenizer_vocab = len(tokenizer)
+            if tokenizer_vocab > target.vocab_size:
+                raise IncompatibleModelsError(
+                    f"the tokenizer has {tokenizer_vocab} tokens but the model's vocabulary "
+                    f"has only {target.vocab_size}; they do not belong together."
+                )
+
+    def verifier_for(self, sampling: SamplingParams) -> Verifier:
+        if hasattr(self._verifier, "verify"):
+            return self._verifier  # type: ignore[return-value]
+        return self._verifier(sampling)  # type: ignore[operator]
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ConfigError("a string `prompt` needs a tokenizer; pass token ids instead.")
+            ids = list(self.tokenizer.encode(prompt))
+        else:
+            ids = [int(t) for t in torch.as_tensor(prompt).reshape(-1).tolist()]
+        if not ids:
+            raise ConfigError("`prompt` must contain at least one token; got an empty prompt.")
+        bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise ConfigError(
+                f"`prompt` token ids must be in [0, {self.target.vocab_size}); got {bad[0]}."
+            )
+        if len(ids) >= self.target.max_length:
+            raise ContextLengthError(
+                f"the prompt has {len(ids)} tokens but the model's context holds "
+                f"{self.target.max_length}, leaving no room to generate; shorten the prompt."
+            )
+        return ids
+
+    def _eos_ids(self, config: GenerationConfig) -> set[int]:
+        if config.eos_token_ids is not None:
+            return set(config.eos_token_ids)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.target, "eos_token_id", None)
+        if eos is None:
+            return set()
+        return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        config: GenerationConfig | None = None,
+        **overrides: Any,
+    ) -> GenerationResult:
+        """Generate a continuation of ``prompt``.
+
+        Args:
+            prompt: a string (needs a tokenizer) or token ids, Shape: (S,).
+            config: the settings; keyword ``overrides`` replace its fields
+                (``decoder.generate(ids, max_new_tokens=64, temperature=0.7)``).
+        """
+        config = config if config is not None else GenerationConfig()
+        if overrides:
+            config = attrs.evolve(config, **overrides)
+        ids = self._prompt_ids(prompt)
+        sampling = config.sampling
+        verifier = self.verifier_for(sampling)
+        eos_ids = self._eos_ids(config)
+        generator = torch.Generator(device="cpu").manual_seed(config.seed)
+
+        start = time.perf_counter()
+        self.target.prefill(torch.tensor(ids, dtype=torch.long))
+        state = DecodeState(
+            tokens=list(ids),
+            prompt_length=len(ids),
+            sampling=sampling,
+            generator=generator,
+        )
+        self.drafter.begin(state)
+        prefill_s = time.perf_counter() - start
+
+        new_tokens: list[int] = []
+        steps: list[StepStats] = []
+        finish: Literal["eos", "stop_string", "max_new_tokens", "length"] = "max_new_tokens"
+        while True:
+            room = self.target.max_length - len(state.tokens)
+            if room < 0:
+                finish = "length"
+                break
+            state.max_nodes = room
+            # 1. propose
+            t0 = time.perf_counter()
+            tree = self.drafter.propose(state)
+            if tree.num_nodes > room:
+                tree = tree.truncated(room)
+            t1 = time.perf_counter()
+            # 2. score the tree
+            target_logits = self.target.forward_tree(tree)  # (N + 1, V)
+            t2 = time.perf_counter()
+            # 3. verify
+            verdict: Verdict = verifier.verify(tree, target_logits, sampling, generator)
+            t3 = time.perf_counter()
+            # 4. commit
+            self.target.commit(verdict.accepted, verdict.extra_token)
+            committed = verdict.committed_tokens(tree)
+            state.tokens.extend(committed)
+            state.step += 1
+            # 5. let the drafter learn
+            self.drafter.observe(StepOutcome(tree, target_logits, verdict, state))
+            t4 = time.perf_counter()
+            steps.append(
+                StepStats(
+                    tree_size=tree.num_nodes,
+                    accepted=len(verdict.accepted),
+                    draft_s=(t1 - t0) + (t4 - t3),
+                    target_s=t2 - t1,
+                    verify_s=t3 - t2,
+                )
+            )
+
+            stop = self._append(new_tokens, committed, eos_ids, config)
+            if stop is not None:
+                finish = stop
+                break
+
+        text = self.tokenizer.decode(new_tokens) if self.tokenizer is not None else None
+        if finish == "stop_string" and text is not None:
+            cut = min(text.find(s) + len(s) for s in config.stop_strings if s in text)
+            text = text[:cut]
+        return GenerationResult(
+            tokens=new_tokens,
+            text=text,
+            prompt_length=len(ids),
+            steps=steps,
+            prefill_s=prefill_s,
+            total_s=time.perf_counter() - start,
+            finish_reason=finish,
+        )
+
+    def _append(
+        self,
+        new_tokens: list[int],
+        committed: list[int],
+        eos_ids: set[int],
+        config: GenerationConfig,
+    ) -> Literal["eos", "stop_string", "max_new_tokens"] | None:
+        """Add this step's tokens; say why generation stops, if it does."""
+        for token in committed:
+            new_tokens.append(token)
+            if token in eos_ids:
+                return "eos"
+            if len(new_tokens) >= config.max_new_tokens:
+                return "max_new_tokens"
+        if config.stop_strings and self.tokenizer is not None:
+            tail = self.tokenizer.decode(new_tokens[-64:])
+            if any(s in tail for s in config.stop_strings):
+                return "stop_string"
+        return None

@@ -1,0 +1,108 @@
+"""Sampling parameters: how logits become the distribution that decoding samples from.
+
+The same processing is applied to target *and* draft logits before any
+acceptance rule runs; verispec's exactness guarantee is with respect to the
+processed target distribution. Order of operations, as in Hugging Face
+transformers' default logits processors: temperature, then top-k, then top-p,
+then min-p.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+
+from verispec.errors import ConfigError, NonFiniteLogitsError
+
+__all__ = ["SamplingParams"]
+
+
+def _non_negative_float(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if not isinstance(value, int | float) or math.isnan(value) or value < 0 or math.isinf(value):
+        raise ConfigError(f"`{attribute.name}` must be a finite number >= 0; got {value!r}.")
+
+
+def _non_negative_int(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"`{attribute.name}` must be an integer >= 0 (0 disables it); got {value!r}."
+        )
+
+
+def _unit_interval(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if not isinstance(value, int | float) or not (0 < value <= 1):
+        raise ConfigError(f"`{attribute.name}` must be in (0, 1]; got {value!r}.")
+
+
+def _min_p(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if not isinstance(value, int | float) or not (0 <= value < 1):
+        raise ConfigError(f"`{attribute.name}` must be in [0, 1); got {value!r}.")
+
+
+@attrs.frozen
+class SamplingParams:
+    """How logits are turned into the distribution decoding samples from.
+
+    Attributes:
+        temperature: ``0`` means greedy (argmax); otherwise logits are divided by it.
+        top_k: keep the ``top_k`` most likely tokens; ``0`` keeps all.
+        top_p: keep the smallest set of most likely tokens whose mass reaches ``top_p``.
+        min_p: drop tokens whose probability is below ``min_p`` times the largest one.
+    """
+
+    temperature: float = attrs.field(default=0.0, validator=_non_negative_float)
+    top_k: int = attrs.field(default=0, validator=_non_negative_int)
+    top_p: float = attrs.field(default=1.0, validator=_unit_interval)
+    min_p: float = attrs.field(default=0.0, validator=_min_p)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The processed distribution of each row of ``logits``.
+
+        Args:
+            logits: float, Shape: (..., V).
+            dtype: float32 or float64, the precision of the result.
+
+        Returns:
+            ``dtype``, Shape: (..., V); each row sums to 1. At temperature 0 each
+            row is the one-hot of its argmax (ties go to the lowest index).
+
+        Raises:
+            NonFiniteLogitsError: a row contains NaN or +inf.
+        """
+        logits = logits.to(dtype)
+        if not bool(torch.isfinite(logits).logical_or(logits == -math.inf).all()):
+            raise NonFiniteLogitsError(
+                "`logits` contain NaN or +inf; refusing to sample from them. "
+                "Check the model's dtype (float16 overflows) and its inputs."
+            )
+        if self.is_greedy:
+            out = torch.zeros_like(logits)
+            out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+            return out
+        scores = logits / self.temperature
+        if self.top_k and self.top_k < scores.shape[-1]:
+            kth = torch.topk(scores, self.top_k, dim=-1).values[..., -1:]
+            scores = scores.masked_fill(scores < kth, -math.inf)
+        if self.top_p < 1.0:
+            sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+            cumulative = sorted_scores.softmax(-1).cumsum(-1)
+            # drop a token when the mass strictly before it already reaches top_p
+            drop_sorted = (cumulative - sorted_scores.softmax(-1)) >= self.top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            scores = scores.masked_fill(drop, -math.inf)
+        probs = scores.softmax(-1)
+        if self.min_p > 0:
+            floor = self.min_p * probs.max(-1, keepdim=True).values
+            probs = probs.masked_fill(probs < floor, 0.0)
+            probs = probs / probs.sum(-1, keepdim=True)
+        if not bool(torch.isfinite(probs).all()):
+            raise NonFiniteLogitsError(
+                "`logits` have no finite entry in some row, so no distribution can be formed."
+            )
+        return probs

@@ -1,0 +1,220 @@
+"""The values and protocols that cross verispec's layers.
+
+* :class:`Verdict` — what a verifier decides about one draft tree.
+* :class:`GenerationConfig` — one generation's settings.
+* :class:`DecodeState` — what a drafter sees when it proposes.
+* :class:`StepOutcome` — what a drafter is told after verification.
+* :class:`LanguageModel`, :class:`Drafter`, :class:`Verifier` — the protocols.
+
+Shape glossary: N tree nodes, V vocabulary, S committed tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar, Protocol, runtime_checkable
+
+import attrs
+import torch
+
+from verispec.core.sampling import SamplingParams
+from verispec.core.tree import DraftTree
+from verispec.errors import ConfigError
+
+__all__ = [
+    "DecodeState",
+    "Drafter",
+    "GenerationConfig",
+    "LanguageModel",
+    "StepOutcome",
+    "Verdict",
+    "Verifier",
+]
+
+
+@attrs.frozen
+class Verdict:
+    """The outcome of verifying one draft tree.
+
+    Attributes:
+        accepted: node indices along one root-to-node path, outermost first;
+            empty when no draft token was accepted.
+        extra_token: the token committed after the accepted path: the
+            correction sampled from the residual on rejection, or the bonus token
+            sampled from the target at the last accepted node. Every step
+            therefore commits ``len(accepted) + 1`` tokens.
+    """
+
+    accepted: tuple[int, ...] = attrs.field(converter=tuple)
+    extra_token: int
+
+    @property
+    def num_committed(self) -> int:
+        return len(self.accepted) + 1
+
+    def committed_tokens(self, tree: DraftTree) -> list[int]:
+        """Token ids committed by this verdict, in order."""
+        return [int(tree.tokens[i]) for i in self.accepted] + [self.extra_token]
+
+
+def _positive_int(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"`{attribute.name}` must be an integer >= 1; got {value!r}.")
+
+
+def _token_ids(value: int | Sequence[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def _strings(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value)
+
+
+@attrs.frozen
+class GenerationConfig:
+    """Settings of one generation, mirroring Hugging Face's ``GenerationConfig`` names.
+
+    Attributes:
+        max_new_tokens: most tokens to generate (>= 1).
+        temperature, top_k, top_p, min_p: see :class:`SamplingParams`; ``temperature=0``
+            (the default) is greedy decoding.
+        eos_token_ids: generation stops after any of these; ``None`` takes the
+            tokenizer's or model's own when the decoder knows them.
+        stop_strings: generation stops once the decoded text contains one of these.
+        seed: seeds the ``torch.Generator`` used for every random draw.
+    """
+
+    max_new_tokens: int = attrs.field(default=128, validator=_positive_int)
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    eos_token_ids: tuple[int, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(_token_ids)
+    )
+    stop_strings: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    seed: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self.sampling  # noqa: B018 - validates the sampling fields eagerly
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p
+        )
+
+
+@attrs.define
+class DecodeState:
+    """What a drafter sees when it proposes a tree.
+
+    Attributes:
+        tokens: every committed token id, prompt first; the last one is the root
+            of the next tree.
+        prompt_length: how many of ``tokens`` are the prompt.
+        sampling: the processing applied to draft logits (same as the target's).
+        generator: the only source of randomness a drafter may use.
+        step: index of the step about to run (0 for the first).
+        max_nodes: most nodes the engine can take this step (context room left).
+    """
+
+    tokens: list[int]
+    prompt_length: int
+    sampling: SamplingParams
+    generator: torch.Generator
+    step: int = 0
+    max_nodes: int = 1 << 30
+
+
+@attrs.frozen
+class StepOutcome:
+    """What happened in one step, handed to ``Drafter.observe``.
+
+    Attributes:
+        tree: the tree that was verified.
+        target_logits: float, Shape: (N + 1, V). Row 0 the root, row i + 1 node i.
+        verdict: what the verifier kept.
+        state: the decode state after the step's tokens were committed.
+    """
+
+    tree: DraftTree
+    target_logits: torch.Tensor
+    verdict: Verdict
+    state: DecodeState
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    """A causal LM that can score a draft tree in one forward pass.
+
+    The model's cache holds every committed token but the last: that one is the
+    *root* of the next tree and is fed by :meth:`forward_tree` together with the
+    tree's nodes.
+    """
+
+    vocab_size: int
+    max_length: int
+
+    @property
+    def num_committed(self) -> int:
+        """Committed tokens so far, the pending root included."""
+        ...
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Start a new sequence from prompt ``ids`` (int64, Shape: (S,)); S >= 1."""
+        ...
+
+    def forward_tree(self, tree: DraftTree) -> torch.Tensor:
+        """Logits for the root and every node. float, Shape: (N + 1, V), on the model's device."""
+        ...
+
+    def commit(self, accepted: Sequence[int], extra_token: int) -> None:
+        """Keep the root and the ``accepted`` nodes of the last tree; ``extra_token`` is the new root."""
+        ...
+
+    def reset(self) -> None:
+        """Forget the sequence and free its cache."""
+        ...
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes a draft tree each step and learns from what was accepted."""
+
+    needs_draft_model: ClassVar[bool]
+
+    def begin(self, state: DecodeState) -> None:
+        """Called once per generation, after the prompt is prefilled."""
+        ...
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        """The tree to verify this step; its size must not exceed ``state.max_nodes``."""
+        ...
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Called after every verification."""
+        ...
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Decides which path of a draft tree to keep."""
+
+    def verify(
+        self,
+        tree: DraftTree,
+        target_logits: torch.Tensor,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+    ) -> Verdict:
+        """Args: target_logits: float, Shape: (N + 1, V)."""
+        ...

@@ -1,0 +1,52 @@
+"""Greedy verification (temperature 0).
+
+Follow the target's argmax down the tree: at each row, the child whose token is
+the target's argmax is accepted; the walk stops at the first row with no such
+child, and that row's argmax is the extra (bonus) token. The output is exactly
+the target's greedy continuation, whatever the proposal law of the children.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.core.sampling import SamplingParams
+from verispec.core.tree import DraftTree
+from verispec.core.types import Verdict
+from verispec.errors import TreeStructureError
+
+__all__ = ["Greedy"]
+
+
+class Greedy:
+    """The temperature-0 verifier: the longest path that agrees with the target's argmax."""
+
+    def verify(
+        self,
+        tree: DraftTree,
+        target_logits: torch.Tensor,
+        sampling: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Verdict:
+        """Args:
+        tree: the draft tree.
+        target_logits: float, Shape: (N + 1, V). Row 0 the root, row i + 1 node i.
+        sampling, generator: unused; greedy decoding draws nothing.
+        """
+        if target_logits.dim() != 2 or target_logits.shape[0] != tree.num_nodes + 1:
+            raise TreeStructureError(
+                f"`target_logits` must have shape (N + 1, V) = ({tree.num_nodes + 1}, V); "
+                f"got {tuple(target_logits.shape)}."
+            )
+        best = target_logits.argmax(-1).tolist()  # (N + 1,) the step's one host sync
+        tokens = tree.tokens.tolist()
+        children = tree.children
+        accepted: list[int] = []
+        row = 0
+        while True:
+            want = best[row]
+            nxt = next((c for c in children[row] if tokens[c] == want), None)
+            if nxt is None:
+                return Verdict(tuple(accepted), int(want))
+            accepted.append(nxt)
+            row = nxt + 1
