@@ -156,9 +156,18 @@ class StepOutcome:
 class LanguageModel(Protocol):
     """A causal LM that can score a draft tree in one forward pass.
 
-    The model's cache holds every committed token but the last: that one is the
-    *root* of the next tree and is fed by :meth:`forward_tree` together with the
-    tree's nodes.
+    The model keeps a KV cache of committed tokens plus a short list of *pending*
+    committed tokens that have not been fed yet. The last pending token is the
+    *root* of the next tree. A target model always has exactly one pending token
+    (the root); a draft model may have more (for example an accepted leaf it never
+    scored, followed by the extra token).
+
+    ``forward_tree`` feeds the pending tokens and the tree's nodes in one pass, with
+    a tree attention mask and depth-based positions, and returns the logits of the
+    root and of every node. ``commit`` keeps the KV entries of the pending tokens
+    and of the accepted nodes (a gather, so side branches work), drops the rest of
+    the tree, and makes every accepted node that was not fed, then ``extra_token``,
+    pending.
     """
 
     vocab_size: int
@@ -166,19 +175,37 @@ class LanguageModel(Protocol):
 
     @property
     def num_committed(self) -> int:
-        """Committed tokens so far, the pending root included."""
+        """Committed tokens so far: cached plus pending."""
         ...
 
     def prefill(self, ids: torch.Tensor) -> None:
-        """Start a new sequence from prompt ``ids`` (int64, Shape: (S,)); S >= 1."""
+        """Start a new sequence from prompt ``ids`` (int64, Shape: (S,)), S >= 1.
+
+        Every token but the last is cached; the last one is pending (the root).
+        """
         ...
 
-    def forward_tree(self, tree: DraftTree) -> torch.Tensor:
-        """Logits for the root and every node. float, Shape: (N + 1, V), on the model's device."""
+    def forward_tree(self, tree: DraftTree, *, extend_from: int = 0) -> torch.Tensor:
+        """Score the root and the tree's nodes.
+
+        Args:
+            tree: the draft tree below the root.
+            extend_from: ``0`` scores the whole tree and returns float, Shape: (N + 1, V)
+                (row 0 the root, row i + 1 node i). ``k > 0`` grows the tree scored by
+                the previous call of this step, whose first ``k`` nodes must equal this
+                tree's first ``k`` nodes: only nodes ``k..N-1`` are fed and their logits
+                returned, Shape: (N - k, V). Draft models use this to grow a tree level
+                by level or node by node.
+        """
         ...
 
     def commit(self, accepted: Sequence[int], extra_token: int) -> None:
-        """Keep the root and the ``accepted`` nodes of the last tree; ``extra_token`` is the new root."""
+        """Keep the pending tokens and the ``accepted`` nodes of the last tree.
+
+        ``accepted`` are node indices of the last scored tree along one root-to-node
+        path; nodes beyond what was fed are allowed and become pending, followed by
+        ``extra_token``.
+        """
         ...
 
     def reset(self) -> None:
