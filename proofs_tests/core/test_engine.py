@@ -1,0 +1,172 @@
+"""Tests of verispec/core/engine.py: the loop, its stop conditions and its errors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+import verispec  # noqa: F401  (installs the default verifier policy)
+from verispec.core import DecodeState, DraftTree, GenerationConfig, SpeculativeDecoder, StepOutcome
+from verispec.errors import ConfigError, ContextLengthError, IncompatibleModelsError
+from verispec.verifiers import Greedy
+
+
+class CountingModel:
+    """A fake target whose greedy next token after ``t`` is ``(t + 1) % V``.
+
+    It records what it is fed, so the tests can check the engine's calls.
+    """
+
+    def __init__(self, vocab_size: int = 7, max_length: int = 64) -> None:
+        self.vocab_size = vocab_size
+        self.max_length = max_length
+        self.committed: list[int] = []
+        self.tree: DraftTree | None = None
+
+    @property
+    def num_committed(self) -> int:
+        return len(self.committed)
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        self.committed = ids.tolist()
+
+    def forward_tree(self, tree: DraftTree, *, extend_from: int = 0) -> torch.Tensor:
+        assert len(self.committed) + tree.num_nodes <= self.max_length
+        self.tree = tree
+        last = [self.committed[-1], *tree.tokens.tolist()]
+        logits = torch.full((tree.num_nodes + 1, self.vocab_size), -5.0)
+        logits[torch.arange(len(last)), (torch.tensor(last) + 1) % self.vocab_size] = 5.0
+        return logits
+
+    def commit(self, accepted: Sequence[int], extra_token: int) -> None:
+        assert self.tree is not None
+        self.committed += [int(self.tree.tokens[i]) for i in accepted] + [extra_token]
+
+    def reset(self) -> None:
+        self.committed = []
+
+
+class OracleDrafter:
+    """Proposes the true continuation of length ``depth`` plus one wrong sibling at each level."""
+
+    needs_draft_model = False
+
+    def __init__(self, vocab_size: int, depth: int) -> None:
+        self.vocab_size, self.depth = vocab_size, depth
+        self.observed = 0
+
+    def begin(self, state: DecodeState) -> None:
+        self.observed = 0
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        tokens, parents, parent, t = [], [], -1, state.tokens[-1]
+        for _ in range(self.depth):
+            wrong = (t + 3) % self.vocab_size
+            t = (t + 1) % self.vocab_size
+            tokens += [wrong, t]
+            parents += [parent, parent]
+            parent = len(tokens) - 1
+        return DraftTree.from_parents(tokens, parents)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self.observed += 1
+
+
+def test_autoregressive_decodes_one_token_per_step() -> None:
+    """With no drafter every step commits exactly the target's greedy token."""
+    model = CountingModel()
+    result = SpeculativeDecoder(model).generate([2], max_new_tokens=5)
+    assert result.tokens == [3, 4, 5, 6, 0]
+    assert [s.committed for s in result.steps] == [1] * 5
+    assert result.mean_accepted_tokens == 1.0
+    assert result.finish_reason == "max_new_tokens"
+
+
+def test_oracle_drafter_accepts_whole_path_through_side_branch() -> None:
+    """A correct path stored as the second child is accepted whole, plus the bonus token."""
+    model, drafter = CountingModel(), OracleDrafter(7, depth=3)
+    result = SpeculativeDecoder(model, drafter, verifier=Greedy()).generate([0], max_new_tokens=8)
+    assert result.tokens == [1, 2, 3, 4, 5, 6, 0, 1]
+    assert [s.committed for s in result.steps] == [4, 4]
+    assert result.mean_accepted_tokens == 4.0
+    assert drafter.observed == 2
+
+
+def test_eos_stops_and_is_kept() -> None:
+    """Generation stops right after an end-of-sequence token, even mid-path."""
+    model = CountingModel()
+    decoder = SpeculativeDecoder(model, OracleDrafter(7, depth=3), verifier=Greedy())
+    result = decoder.generate([0], max_new_tokens=20, eos_token_ids=[2])
+    assert result.tokens == [1, 2]
+    assert result.finish_reason == "eos"
+
+
+def test_max_new_tokens_truncates_a_long_accepted_path() -> None:
+    """Tokens accepted past max_new_tokens are not returned."""
+    decoder = SpeculativeDecoder(CountingModel(), OracleDrafter(7, depth=4), verifier=Greedy())
+    assert decoder.generate([0], max_new_tokens=3).tokens == [1, 2, 3]
+
+
+def test_context_end_truncates_tree_then_stops() -> None:
+    """Near the context limit the tree is cut to fit and generation ends with "length"."""
+    model = CountingModel(max_length=6)
+    decoder = SpeculativeDecoder(model, OracleDrafter(7, depth=3), verifier=Greedy())
+    result = decoder.generate([0, 1], max_new_tokens=50)
+    assert result.finish_reason == "length"
+    assert len(model.committed) == model.max_length + 1
+    assert result.tokens == [2, 3, 4, 5, 6]
+
+
+def test_verifier_policy_picks_by_temperature() -> None:
+    """The default policy verifies greedily at temperature 0 and by rejection otherwise."""
+    decoder = SpeculativeDecoder(CountingModel())
+    assert isinstance(decoder.verifier_for(GenerationConfig().sampling), Greedy)
+    sampled = decoder.verifier_for(GenerationConfig(temperature=0.7).sampling)
+    assert not isinstance(sampled, Greedy)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": -3}, "max_new_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+    ],
+)
+def test_bad_generation_config_is_rejected(kwargs: dict, match: str) -> None:
+    """Out-of-range settings raise ConfigError naming the argument."""
+    with pytest.raises(ConfigError, match=match):
+        GenerationConfig(**kwargs)
+
+
+def test_empty_prompt_is_rejected() -> None:
+    """An empty prompt raises a ConfigError instead of decoding from nothing."""
+    with pytest.raises(ConfigError, match="prompt"):
+        SpeculativeDecoder(CountingModel()).generate([], max_new_tokens=3)
+
+
+def test_prompt_longer_than_context_is_rejected() -> None:
+    """A prompt that fills the context raises ContextLengthError with both lengths."""
+    with pytest.raises(ContextLengthError, match="8 tokens"):
+        SpeculativeDecoder(CountingModel(max_length=8)).generate([1] * 8, max_new_tokens=3)
+
+
+def test_prompt_token_out_of_vocabulary_is_rejected() -> None:
+    """Token ids outside the model's vocabulary are refused up front."""
+    with pytest.raises(ConfigError, match=r"\[0, 7\)"):
+        SpeculativeDecoder(CountingModel()).generate([9], max_new_tokens=3)
+
+
+def test_tokenizer_larger_than_model_vocabulary_is_rejected() -> None:
+    """A tokenizer with more tokens than the model's vocabulary cannot be paired with it."""
+
+    class BigTokenizer:
+        def __len__(self) -> int:
+            return 100
+
+    with pytest.raises(IncompatibleModelsError, match="100 tokens"):
+        SpeculativeDecoder(CountingModel(), tokenizer=BigTokenizer())
