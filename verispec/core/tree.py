@@ -222,10 +222,12 @@ class DraftTree:
         """bool, Shape: (N, N). ``mask[i, j]`` is True when node j is node i or its ancestor."""
         n = self.num_nodes
         mask = torch.eye(n, dtype=torch.bool)
-        parents = self.parents.tolist()
-        for i, parent in enumerate(parents):
-            if parent >= 0:
-                mask[i] |= mask[parent]
+        rows = torch.arange(n)
+        ancestor = self.parents.clone()  # walk every node's ancestors one level per pass
+        for _ in range(self.max_depth - 1):
+            has = ancestor >= 0
+            mask[rows[has], ancestor[has]] = True
+            ancestor = torch.where(has, self.parents[ancestor.clamp(min=0)], ancestor)
         return mask
 
     @property
