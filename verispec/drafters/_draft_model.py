@@ -1,0 +1,192 @@
+"""Plumbing shared by the drafters that grow their trees from a draft model.
+
+A draft-model drafter keeps the draft's KV cache in step with the target:
+
+* ``begin`` prefills the draft with the prompt (its last token pending: the root);
+* ``propose`` scores the root with ``forward_tree(DraftTree.empty())``, then grows the
+  tree with ``forward_tree(tree, extend_from=k)`` so that each call feeds only the new
+  nodes (one call per level for the level-wise methods);
+* ``observe`` commits the verdict with ``draft.commit(accepted, extra_token)``.
+
+Accepted nodes that the draft never fed (the leaves of the last level: their tokens
+were drawn from their parent's distribution, so they were never scored) are fed by one
+extra ``forward_tree(..., extend_from=k)`` call in ``observe`` before the commit, so the
+draft's last scored tree always contains the accepted path. That call happens only in
+steps whose accepted path reaches such a node.
+
+This module also holds the sampling helpers every drafter uses: the processed draft
+distribution (same processing as the target's), Gumbel keys for draws without
+replacement (Gumbel-top-k: Vieira 2014; Kool et al. 2019), and the choice of generator.
+
+Notation: N tree nodes, V vocabulary, K candidates per row.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from verispec.core.sampling import SamplingParams
+from verispec.core.tree import DraftTree, ProposalLaw
+from verispec.core.types import DecodeState, LanguageModel, StepOutcome
+from verispec.errors import ConfigError
+
+__all__ = [
+    "DraftModelDrafter",
+    "draft_generator",
+    "gumbel_keys",
+    "positive_int",
+    "processed_probs",
+]
+
+
+def positive_int(name: str, value: object) -> int:
+    """``value`` as an int >= 1, or a :class:`ConfigError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"`{name}` must be an integer >= 1; got {value!r}.")
+    return value
+
+
+def branching_factors(name: str, value: object) -> tuple[int, ...]:
+    """A non-empty tuple of ints >= 1, or a :class:`ConfigError`."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    if not isinstance(value, tuple | list) or not value:
+        raise ConfigError(f"`{name}` must be a non-empty sequence of integers >= 1; got {value!r}.")
+    return tuple(positive_int(f"{name}[{i}]", b) for i, b in enumerate(value))
+
+
+def processed_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """The draft distribution the drafter draws from and declares in its proposal law.
+
+    At temperature > 0 this is ``sampling.probs(logits)``, the same processing as the
+    target's. At temperature 0 the draws are the draft's top choices, and this returns
+    the plain softmax of the logits, used only to rank tokens and to value tree slots.
+
+    Args:
+        logits: float, Shape: (..., V).
+
+    Returns:
+        float64 when ``logits`` are float64, else float32; Shape: (..., V).
+    """
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    if sampling.is_greedy:
+        return torch.softmax(logits.to(dtype), dim=-1)
+    return sampling.probs(logits, dtype)
+
+
+def draft_generator(state: DecodeState, device: torch.device) -> torch.Generator:
+    """The generator for draws on ``device``.
+
+    On the CPU this is ``state.generator`` itself. Elsewhere a generator on ``device``
+    is seeded from one draw of ``state.generator``, so every draw still derives from the
+    decode's seed alone and no probabilities leave the device.
+    """
+    if device.type == "cpu":
+        return state.generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=state.generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def gumbel_keys(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Gumbel-perturbed log-probabilities ``log p + G``, G ~ Gumbel(0, 1) i.i.d.
+
+    Sorting a row's keys in decreasing order gives a sequence of draws without
+    replacement from that row (Gumbel-top-k). Zero-probability tokens get ``-inf``.
+
+    Args:
+        probs: float, Shape: (..., V).
+
+    Returns:
+        same dtype, Shape: (..., V).
+    """
+    exponential = torch.empty_like(probs).exponential_(generator=generator)
+    tiny = torch.finfo(probs.dtype).tiny
+    return probs.log() - exponential.clamp_min(tiny).log()
+
+
+class DraftModelDrafter:
+    """Base class: owns the draft model and its cache; subclasses implement ``propose``.
+
+    Args:
+        draft: a :class:`~verispec.core.types.LanguageModel` sharing the target's
+            vocabulary (the decoder checks ``draft.vocab_size`` against the target's).
+    """
+
+    needs_draft_model: ClassVar[bool] = True
+
+    def __init__(self, draft: LanguageModel) -> None:
+        for attr in ("prefill", "forward_tree", "commit", "vocab_size"):
+            if not hasattr(draft, attr):
+                raise ConfigError(
+                    f"`draft` must be a LanguageModel (it has no `{attr}`); "
+                    f"got {type(draft).__name__}."
+                )
+        self.draft = draft
+        self._scored = 0  # nodes of this step's tree that the draft has fed
+        self._tokens: list[int] = []  # this step's tree so far
+        self._parents: list[int] = []
+
+    # -- the Drafter protocol ---------------------------------------------------------
+
+    def begin(self, state: DecodeState) -> None:
+        self.draft.prefill(torch.tensor(state.tokens, dtype=torch.long))
+
+    def observe(self, outcome: StepOutcome) -> None:
+        tree, verdict = outcome.tree, outcome.verdict
+        accepted = list(verdict.accepted)
+        unfed = [a for a in accepted if a >= self._scored]
+        if unfed:
+            # feed the accepted nodes the draft never scored (a suffix of the path)
+            first = unfed[0]
+            remap = {a: self._scored + j for j, a in enumerate(unfed)}
+            tokens = self._tokens[: self._scored] + [int(tree.tokens[a]) for a in unfed]
+            parents = self._parents[: self._scored] + [
+                remap.get(int(tree.parents[a]), int(tree.parents[a])) for a in unfed
+            ]
+            assert int(tree.parents[first]) < self._scored, "unfed nodes form a path suffix"
+            self.draft.forward_tree(
+                DraftTree.from_parents(tokens, parents), extend_from=self._scored
+            )
+            accepted = [remap.get(a, a) for a in accepted]
+        self.draft.commit(accepted, verdict.extra_token)
+        self._scored = 0
+        self._tokens, self._parents = [], []
+
+    # -- helpers for subclasses -------------------------------------------------------
+
+    def node_limit(self, state: DecodeState, budget: int) -> int:
+        """The most nodes this step may hold: the budget, the target's and the draft's room."""
+        draft_room = int(self.draft.max_length) - int(self.draft.num_committed)
+        return max(0, min(budget, state.max_nodes, draft_room))
+
+    def score_root(self) -> torch.Tensor:
+        """Start the step: feed the draft's pending tokens. Returns the root's logits, (V,)."""
+        self._scored = 0
+        self._tokens, self._parents = [], []
+        return self.draft.forward_tree(DraftTree.empty())[0]
+
+    def add_nodes(self, tokens: list[int], parents: list[int]) -> None:
+        """Append nodes to this step's tree (parents index earlier nodes, -1 the root)."""
+        self._tokens.extend(tokens)
+        self._parents.extend(parents)
+
+    def score_new_nodes(self) -> torch.Tensor:
+        """Feed every node added since the last call. Returns their logits, Shape: (n, V)."""
+        tree = DraftTree.from_parents(self._tokens, self._parents)
+        start = self._scored
+        logits = self.draft.forward_tree(tree, extend_from=start)
+        self._scored = tree.num_nodes
+        return logits[1:] if start == 0 else logits
+
+    def build(self, laws: dict[int, ProposalLaw]) -> DraftTree:
+        """This step's tree; ``laws`` maps a row (0 the root, i + 1 node i) to its law.
+
+        Rows without children get ``None`` whatever ``laws`` says.
+        """
+        parent_rows = {parent + 1 for parent in self._parents}
+        rows = [
+            laws.get(row) if row in parent_rows else None for row in range(len(self._tokens) + 1)
+        ]
+        return DraftTree.from_parents(self._tokens, self._parents, rows)

@@ -1,0 +1,233 @@
+"""DySpec: dynamic draft trees grown greedily by estimated acceptance.
+
+Xiong et al., "DySpec: Faster Speculative Decoding with Dynamic Token Tree Structure"
+(ICLR 2025 submission). A *slot* ``(v, parent, R)`` is a place where the next child of
+``parent`` can be drawn from ``R``, the parent's draft distribution with the children
+drawn so far removed and renormalised; ``v`` estimates the probability that the slot's
+child is accepted. The root's slot is ``(1, root, p_root)``.
+
+**Algorithm 1 (fixed size, ``budget=m``).** Keep a max-heap of slots. Pop the best
+slot, draw ``y ~ R``, add node ``y`` under ``parent``, push the *sibling* slot
+``(v (1 - R[y]), parent, norm(R with y zeroed))`` and the *child* slot
+``(v R[y], y, p_y)``; stop at ``m`` nodes. Popped values never increase, so the tree is
+the set of reachable slots with the ``m`` largest values.
+
+**Algorithm 2 (threshold, ``threshold=t``), corrected.** Expand level by level every
+slot with ``v > t`` (the paper's loop reads ``v < t``, an erratum). One draft call per
+level, batching the level's nodes.
+
+Draws: the successive draws from one parent's residuals are sequential draws without
+replacement from its draft distribution ``p``. We take them, in order, from the
+Gumbel-top-k order of that parent's row (one batched ``topk`` per draft call), which
+has exactly that law; the law of every node's children is ``WithoutReplacement(p)``
+in stored order, because nodes are stored in the order they are drawn (a parent's
+later children are always drawn after its earlier ones, however the heap interleaves
+parents). At temperature 0 the draws are the draft's top choices (in rank order),
+slot values use the draft's plain softmax, and the law is ``DETERMINISTIC``.
+
+**Exact order of draft calls in Algorithm 1** (not in the paper, which needs the draft
+distribution of a node when it pushes the node's child slot): the child slot is pushed
+with its value ``v R[y]`` at once, and the node's distribution is computed lazily, when
+that child slot is first popped. If the popped slot's parent has not been fed, every
+node added since the last draft call is fed in one ``forward_tree(tree, extend_from=k)``
+call (the draft protocol feeds a suffix of the node list), and the draw order of every
+newly fed row is computed in one batched ``topk``. So the draft is called at most once
+per pop and, in practice, about once per tree level.
+
+Node value ``v R[y] = w_parent p(y)``: the product of the draft probabilities along the
+path (the expected-accepted-length proxy of the paper's eq. 11 and appendix D, where the
+tree that maximises the sum of node values among all trees of ``m`` nodes is the greedy
+one; ``proofs_tests/drafters/test_dyspec.py`` checks that by enumeration).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+
+import torch
+
+from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw, WithoutReplacement
+from verispec.core.types import DecodeState, LanguageModel
+from verispec.drafters._draft_model import (
+    DraftModelDrafter,
+    draft_generator,
+    gumbel_keys,
+    positive_int,
+    processed_probs,
+)
+from verispec.errors import ConfigError
+
+__all__ = ["DySpec"]
+
+_THRESHOLD_DEFAULT_BUDGET = 128
+
+
+class DySpec(DraftModelDrafter):
+    """DySpec draft trees: fixed size (Algorithm 1) or threshold (Algorithm 2, corrected).
+
+    Args:
+        draft: the draft model (same vocabulary as the target).
+        budget: the tree size ``m`` of Algorithm 1; with ``threshold``, a cap on the size
+            (default 128 then).
+        threshold: ``t`` in (0, 1): use Algorithm 2, expanding every slot with ``v > t``.
+        max_depth: optional cap on the depth of the tree.
+
+    Attributes:
+        node_values: after ``propose``, the value ``w_parent p(y)`` of each node (node order).
+        slot_values: after ``propose``, the value ``v`` of each expanded slot, in the
+            order expanded (Algorithm 1: pop order, non-increasing).
+        next_slot_value: after Algorithm 1, the best value left in the heap (0 if none).
+    """
+
+    def __init__(
+        self,
+        draft: LanguageModel,
+        *,
+        budget: int | None = None,
+        threshold: float | None = None,
+        max_depth: int | None = None,
+    ) -> None:
+        super().__init__(draft)
+        if budget is None and threshold is None:
+            raise ConfigError("DySpec needs `budget` (Algorithm 1) or `threshold` (Algorithm 2).")
+        if threshold is not None:
+            ok = isinstance(threshold, int | float) and not isinstance(threshold, bool)
+            if not ok or not 0 < threshold < 1:
+                raise ConfigError(
+                    f"`threshold` must be in (0, 1); got {threshold!r}. Slot values are "
+                    "probabilities: t >= 1 expands nothing and t <= 0 never stops."
+                )
+        self.threshold = None if threshold is None else float(threshold)
+        if budget is None:
+            budget = _THRESHOLD_DEFAULT_BUDGET
+        self.budget = positive_int("budget", budget)
+        self.max_depth = None if max_depth is None else positive_int("max_depth", max_depth)
+        self.node_values: list[float] = []
+        self.slot_values: list[float] = []
+        self.next_slot_value = 0.0
+        # how a row's draw order is made: Gumbel keys (replaceable in tests)
+        self._keys: Callable[[torch.Tensor, torch.Generator], torch.Tensor] = gumbel_keys
+
+    def __repr__(self) -> str:
+        if self.threshold is None:
+            return f"DySpec(budget={self.budget})"
+        return f"DySpec(threshold={self.threshold}, budget={self.budget})"
+
+    # -- shared -----------------------------------------------------------------------
+
+    def _start(self, state: DecodeState, limit: int) -> None:
+        self._sampling = state.sampling
+        self._limit = limit
+        self._orders: dict[int, tuple[list[int], list[float]]] = {}  # row -> draws, their p
+        self._laws: dict[int, ProposalLaw] = {}
+        self._depth: list[int] = []  # depth of each node
+        self.node_values, self.slot_values, self.next_slot_value = [], [], 0.0
+        logits = self.score_root()[None]  # (1, V)
+        self._generator = draft_generator(state, logits.device)
+        self._add_orders([0], logits)
+
+    def _add_orders(self, rows: list[int], logits: torch.Tensor) -> None:
+        """Draw orders (without replacement) of ``rows``, whose logits are (len(rows), V)."""
+        probs = processed_probs(logits, self._sampling)  # (R, V)
+        greedy = self._sampling.is_greedy
+        k = min(self._limit, probs.shape[-1])
+        keys = probs if greedy else self._keys(probs, self._generator)
+        top = torch.topk(keys, k, dim=-1)
+        draws = top.indices  # (R, K)
+        draw_probs = probs.gather(-1, draws)  # (R, K)
+        valid = (top.values > -torch.inf) & (draw_probs > 0)
+        for r, (row, row_draws, row_probs, row_valid) in enumerate(
+            zip(rows, draws.tolist(), draw_probs.tolist(), valid.tolist(), strict=True)
+        ):
+            n = sum(row_valid)  # valid entries form a prefix (sorted keys)
+            self._orders[row] = (row_draws[:n], row_probs[:n])
+            self._laws[row] = DETERMINISTIC if greedy else WithoutReplacement(probs[r])
+
+    def _feed_pending_nodes(self) -> None:
+        """Feed every node added since the last draft call; compute their draw orders."""
+        first = self._scored
+        logits = self.score_new_nodes()  # (n, V)
+        self._add_orders(list(range(first + 1, first + 1 + logits.shape[0])), logits)
+
+    def _add_node(self, token: int, parent_row: int, value: float) -> int:
+        """Append a node; returns its row."""
+        depth = 1 if parent_row == 0 else self._depth[parent_row - 1] + 1
+        self.add_nodes([token], [parent_row - 1])
+        self._depth.append(depth)
+        self.node_values.append(value)
+        return len(self._depth)
+
+    def _can_have_children(self, row: int) -> bool:
+        return self.max_depth is None or self._depth[row - 1] < self.max_depth
+
+    def _finish(self) -> DraftTree:
+        return self.build(self._laws)
+
+    # -- the Drafter protocol ---------------------------------------------------------
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        limit = self.node_limit(state, self.budget)
+        self.node_values, self.slot_values, self.next_slot_value = [], [], 0.0
+        if limit == 0:
+            return DraftTree.empty()
+        self._start(state, limit)
+        if self.threshold is None:
+            self._grow_fixed_size()
+        else:
+            self._grow_threshold(self.threshold)
+        return self._finish()
+
+    def _grow_fixed_size(self) -> None:
+        """Algorithm 1: pop the best slot, draw, push sibling and child slots; m nodes."""
+        tie = itertools.count()  # FIFO among equal values
+        # heap entries: (-v, tie, parent row, children drawn so far, parent's value w,
+        # residual mass 1 - (mass of earlier siblings)); v = w * residual mass
+        heap: list[tuple[float, int, int, int, float, float]] = [(-1.0, next(tie), 0, 0, 1.0, 1.0)]
+        count = 0
+        while heap and count < self._limit:
+            neg_v, _, row, drawn, w, mass_left = heapq.heappop(heap)
+            v = -neg_v
+            if row not in self._orders:
+                self._feed_pending_nodes()
+            draws, probs = self._orders[row]
+            if drawn >= len(draws):
+                continue  # the residual has no mass left: the slot's value is 0
+            token, p = draws[drawn], probs[drawn]
+            self.slot_values.append(v)
+            child_value = w * p  # = v * R[y]
+            new_row = self._add_node(token, row, child_value)
+            count += 1
+            mass_left = max(mass_left - p, 0.0)
+            sibling_value = w * mass_left  # = v * (1 - R[y])
+            if sibling_value > 0 and drawn + 1 < len(draws):
+                entry = (-sibling_value, next(tie), row, drawn + 1, w, mass_left)
+                heapq.heappush(heap, entry)
+            if child_value > 0 and self._can_have_children(new_row):
+                heapq.heappush(heap, (-child_value, next(tie), new_row, 0, child_value, 1.0))
+        self.next_slot_value = -heap[0][0] if heap else 0.0
+
+    def _grow_threshold(self, threshold: float) -> None:
+        """Algorithm 2 (corrected): per level, expand every slot with ``v > t``."""
+        level = [(0, 1.0)]  # (row, w): rows whose children are drawn at this level
+        count = 0
+        while level and count < self._limit:
+            if any(row not in self._orders for row, _ in level):
+                self._feed_pending_nodes()  # one draft call for the whole level
+            next_level: list[tuple[int, float]] = []
+            for row, w in level:
+                draws, probs = self._orders[row]
+                v, drawn, mass_left = w, 0, 1.0
+                while v > threshold and drawn < len(draws) and count < self._limit:
+                    token, p = draws[drawn], probs[drawn]
+                    self.slot_values.append(v)
+                    child_value = w * p
+                    new_row = self._add_node(token, row, child_value)
+                    count += 1
+                    if child_value > threshold and self._can_have_children(new_row):
+                        next_level.append((new_row, child_value))
+                    drawn += 1
+                    mass_left = max(mass_left - p, 0.0)
+                    v = w * mass_left
+            level = next_level
