@@ -164,6 +164,14 @@ class SpeculativeDecoder:
     ) -> None:
         self.target = target
         self.drafter: Drafter = drafter if drafter is not None else _NoDraft()
+        # a draft-model drafter exposes its model as `.draft`: it must share the vocabulary
+        draft_vocab = getattr(getattr(self.drafter, "draft", None), "vocab_size", None)
+        if draft_vocab is not None and draft_vocab != target.vocab_size:
+            raise IncompatibleModelsError(
+                f"the draft model's vocabulary must match the target's; got {draft_vocab} "
+                f"draft logits for {target.vocab_size} target logits. Use a draft from the "
+                "same model family and tokenizer."
+            )
         if verifier is None:
             if _default_policy is None:
                 raise ConfigError(
