@@ -1,0 +1,36 @@
+"""The autoregressive baseline as a drafter: it always sends the empty tree.
+
+With this drafter the speculative engine decodes one token per target forward,
+exactly like plain greedy or sampled decoding, through the same code path as every
+other method; benchmarks use it as the ``ar`` baseline.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from verispec.core.tree import DraftTree
+from verispec.core.types import DecodeState, StepOutcome
+
+__all__ = ["Autoregressive"]
+
+_EMPTY = DraftTree.empty()
+
+
+class Autoregressive:
+    """Drafts nothing: every step commits exactly the target's own next token."""
+
+    needs_draft_model: ClassVar[bool] = False
+
+    def begin(self, state: DecodeState) -> None:
+        """Nothing to prepare."""
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        """The empty tree (only the root)."""
+        return _EMPTY
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Nothing to learn."""
+
+    def reset(self) -> None:
+        """Nothing to forget."""
