@@ -1,0 +1,81 @@
+"""The benchmark of record: ``verispec bench`` as a library.
+
+Typical use::
+
+    from verispec.bench import (
+        METHODS, BenchConfig, make_context, parse_methods, run_bench, shipped_questions,
+        select_questions, summarise, render_table,
+    )
+    model, tokenizer = verispec.load_default_model()
+    run = run_bench(
+        make_context(model, tokenizer),
+        parse_methods("ar,hf,tr:template=16", METHODS),
+        select_questions(shipped_questions(), limit=1),
+        BenchConfig(max_new_tokens=64),
+    )
+    print(render_table(summarise(run)))
+"""
+
+from verispec.bench.methods import METHODS
+from verispec.bench.prompts import (
+    Question,
+    build_prompt_ids,
+    load_questions,
+    parse_questions,
+    select_questions,
+    shipped_questions,
+)
+from verispec.bench.registry import MethodEntry, MethodSpec, Param, parse_method, parse_methods
+from verispec.bench.report import (
+    BenchReport,
+    Figures,
+    render_category_table,
+    render_markdown,
+    render_table,
+    summarise,
+    to_json,
+)
+from verispec.bench.runner import (
+    BenchConfig,
+    BenchRun,
+    TurnRecord,
+    build_runners,
+    check_available,
+    make_context,
+    run_bench,
+)
+from verispec.bench.runners import BenchContext, EngineRunner, HFRunner, MethodRunner, TurnResult
+
+__all__ = [
+    "METHODS",
+    "BenchConfig",
+    "BenchContext",
+    "BenchReport",
+    "BenchRun",
+    "EngineRunner",
+    "Figures",
+    "HFRunner",
+    "MethodEntry",
+    "MethodRunner",
+    "MethodSpec",
+    "Param",
+    "Question",
+    "TurnRecord",
+    "TurnResult",
+    "build_prompt_ids",
+    "build_runners",
+    "check_available",
+    "load_questions",
+    "make_context",
+    "parse_method",
+    "parse_methods",
+    "parse_questions",
+    "render_category_table",
+    "render_markdown",
+    "render_table",
+    "run_bench",
+    "select_questions",
+    "shipped_questions",
+    "summarise",
+    "to_json",
+]

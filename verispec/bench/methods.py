@@ -1,0 +1,298 @@
+"""The benchmark's methods: every drafter in the library and the peers users would pick.
+
+Each entry maps a spec name to typed parameters and a factory (see
+:mod:`verispec.bench.registry`). Drafter classes are imported lazily, when a
+method is checked or built, so a method whose module is not installed reports
+"not available" instead of breaking the others.
+
+========================  =======================================================
+``ar``                    verispec's engine with no drafter (one token per forward)
+``hf``                    transformers ``generate``, greedy (or sampling at T > 0)
+``hf-pld``                ``generate(prompt_lookup_num_tokens=...)``
+``hf-assist-ee``          ``generate(assistant_early_exit=...)`` self-speculation
+``tr``                    :class:`~verispec.drafters.TokenRecycling`
+``dtr``                   Dynamic Token Recycling (tree sized per device)
+``pld``                   prompt lookup with tree-shaped candidates
+``chain``                 chain speculative decoding with a draft model
+``specinfer``             SpecInfer tree of i.i.d. draft samples
+``dyspec``                DySpec greedy dynamic tree
+``rsdc``, ``rsds``        Recursive Speculative Decoding, constant branching / beam
+========================  =======================================================
+
+Draft-model methods draft with a *self-draft view* of the target: its first
+``draft_layers`` decoder layers, sharing its weights
+(:meth:`verispec.models.hf.HFModel.self_draft`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from verispec.bench.registry import MethodEntry, Param
+from verispec.bench.runners import BenchContext, EngineRunner, HFRunner, MethodRunner
+from verispec.errors import ConfigError
+
+__all__ = ["METHODS", "availability", "drafter_class"]
+
+
+def drafter_class(module: str, name: str) -> Any:
+    """``verispec.drafters.<module>.<name>``, imported now.
+
+    Raises:
+        ConfigError: the module or the class does not exist in this installation.
+    """
+    full = f"verispec.drafters.{module}"
+    try:
+        mod = importlib.import_module(full)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and full.startswith(exc.name):
+            raise ConfigError(f"module `{full}` is not installed.") from None
+        raise
+    try:
+        return getattr(mod, name)
+    except AttributeError:
+        raise ConfigError(f"module `{full}` has no class `{name}`.") from None
+
+
+def _class_available(module: str, name: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        try:
+            drafter_class(module, name)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    return check
+
+
+def _kwargs(params: dict[str, Any], rename: dict[str, str] | None = None) -> dict[str, Any]:
+    """Constructor keywords: ``None`` values (the drafter's own default) left out."""
+    rename = rename or {}
+    return {rename.get(k, k): v for k, v in params.items() if v is not None}
+
+
+# -- verispec's own methods -----------------------------------------------------------
+
+
+def _build_ar(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    return EngineRunner(context, None)
+
+
+_TR_TEMPLATES = ("2.2.2", "80", "8", "16", "32")
+
+
+def _build_tr(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    cls = drafter_class("token_recycling", "TokenRecycling")
+    template = "2.2.2" if params["template"] == "80" else params["template"]
+    drafter = cls(
+        template=template,
+        k=params["k"],
+        prune_unknown=params["prune"],
+        vocab_size=context.target.vocab_size,
+    )
+    return EngineRunner(context, drafter)
+
+
+def _model_free(module: str, name: str, rename: dict[str, str] | None = None) -> Callable:
+    def build(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+        cls = drafter_class(module, name)
+        return EngineRunner(context, cls(**_kwargs(params, rename)))
+
+    return build
+
+
+def _self_draft(context: BenchContext, layers: int) -> Any:
+    make = getattr(context.target, "self_draft", None)
+    if make is None:
+        raise ConfigError(
+            "draft-model methods need a target with `self_draft(layers)` (verispec's HFModel)."
+        )
+    num_layers = getattr(context.target, "num_layers", None)
+    if num_layers is not None and layers >= num_layers:
+        raise ConfigError(
+            f"`draft_layers` must be below the target's {num_layers} layers; got {layers}."
+        )
+    return make(layers)
+
+
+def _draft_model(module: str, name: str) -> Callable:
+    def build(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+        cls = drafter_class(module, name)
+        rest = dict(params)
+        draft = _self_draft(context, rest.pop("draft_layers"))
+        return EngineRunner(context, cls(draft, **_kwargs(rest)))
+
+    return build
+
+
+def _build_dyspec(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    params = dict(params)
+    if params["budget"] is None and params["threshold"] is None:
+        params["budget"] = 16
+    return _draft_model("dyspec", "DySpec")(context, params)
+
+
+# -- transformers' generate -----------------------------------------------------------
+
+
+def _build_hf(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    return HFRunner(context, {}, drafts="none")
+
+
+def _build_hf_pld(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    extra = {
+        "prompt_lookup_num_tokens": params["tokens"],
+        "max_matching_ngram_size": params["ngram"],
+    }
+    return HFRunner(context, extra, drafts="opaque")
+
+
+def _early_exit_available() -> str | None:
+    try:
+        from transformers import GenerationConfig
+    except ImportError:
+        return "transformers is not installed."
+    if not hasattr(GenerationConfig(), "assistant_early_exit"):
+        import transformers
+
+        return (
+            f"transformers {transformers.__version__} has no `assistant_early_exit` "
+            "(added in 4.47)."
+        )
+    return None
+
+
+def _build_hf_assist_ee(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    reason = _early_exit_available()
+    if reason is not None:
+        raise ConfigError(f"method `hf-assist-ee` is not available: {reason}")
+    if context.hf_model is not None:
+        layers = getattr(context.hf_model.config, "num_hidden_layers", None)
+        if layers is not None and params["layers"] >= layers:
+            raise ConfigError(
+                f"`hf-assist-ee:layers` must be below the model's {layers} layers; "
+                f"got {params['layers']}."
+            )
+    extra: dict[str, Any] = {"assistant_early_exit": params["layers"]}
+    if params["tokens"] is not None:
+        extra["num_assistant_tokens"] = params["tokens"]
+        extra["num_assistant_tokens_schedule"] = "constant"
+    return HFRunner(context, extra, drafts="forwards")
+
+
+# -- the registry ---------------------------------------------------------------------
+
+_DRAFT_LAYERS = Param("draft_layers", int, 6, "decoder layers of the self-draft model", 1)
+_BRANCHING = Param("branching", tuple, None, "children per node at each level, e.g. 4.2.2", 1)
+_BUDGET = Param("budget", int, None, "cap on the tree size (nodes)", 1)
+_DRAFT_NOTE = "draft: the target's first `draft_layers` layers"
+
+
+def _entries() -> list[MethodEntry]:
+    return [
+        MethodEntry(
+            "ar", "verispec's engine, no drafter: one token per target forward", (), _build_ar
+        ),
+        MethodEntry("hf", "transformers generate (greedy at T=0), same model", (), _build_hf),
+        MethodEntry(
+            "hf-pld",
+            "transformers generate with prompt lookup decoding",
+            (
+                Param("tokens", int, 10, "prompt_lookup_num_tokens", 1),
+                Param("ngram", int, 2, "max_matching_ngram_size", 1),
+            ),
+            _build_hf_pld,
+        ),
+        MethodEntry(
+            "hf-assist-ee",
+            "transformers generate, assistant_early_exit self-speculation",
+            (
+                Param("layers", int, 8, "assistant_early_exit: layers the draft runs", 1),
+                Param("tokens", int, None, "num_assistant_tokens (constant schedule)", 1),
+            ),
+            _build_hf_assist_ee,
+            _early_exit_available,
+        ),
+        MethodEntry(
+            "tr",
+            "Token Recycling (adjacency matrix + static tree template)",
+            (
+                Param(
+                    "template", str, "2.2.2", "tree template (80 = 2.2.2)", choices=_TR_TEMPLATES
+                ),
+                Param("k", int, 8, "candidates kept per token (K)", 1, 1024),
+                Param("prune", bool, True, "leave never-observed slots out of the tree"),
+            ),
+            _build_tr,
+            _class_available("token_recycling", "TokenRecycling"),
+        ),
+        MethodEntry(
+            "dtr",
+            "Dynamic Token Recycling (tree sized to the device's cost model)",
+            (),
+            _model_free("dynamic_token_recycling", "DynamicTokenRecycling"),
+            _class_available("dynamic_token_recycling", "DynamicTokenRecycling"),
+        ),
+        MethodEntry(
+            "pld",
+            "prompt lookup: n-gram matches in the context, as a tree of candidates",
+            (),
+            _model_free("prompt_lookup", "PromptLookup"),
+            _class_available("prompt_lookup", "PromptLookup"),
+        ),
+        MethodEntry(
+            "chain",
+            f"chain speculative decoding (Leviathan et al.); {_DRAFT_NOTE}",
+            (_DRAFT_LAYERS, Param("k", int, None, "chain length (draft tokens per step)", 1)),
+            _draft_model("chain", "Chain"),
+            _class_available("chain", "Chain"),
+        ),
+        MethodEntry(
+            "specinfer",
+            f"SpecInfer tree of i.i.d. draft samples; {_DRAFT_NOTE}",
+            (_DRAFT_LAYERS, _BRANCHING, _BUDGET),
+            _draft_model("specinfer", "SpecInferTree"),
+            _class_available("specinfer", "SpecInferTree"),
+        ),
+        MethodEntry(
+            "dyspec",
+            f"DySpec greedy dynamic tree (Alg. 1: budget; Alg. 2: threshold); {_DRAFT_NOTE}",
+            (
+                _DRAFT_LAYERS,
+                Param("budget", int, None, "tree size m (16 when no threshold is given)", 1),
+                Param("threshold", float, None, "expand every slot with value > t", 0, 1),
+                Param("max_depth", int, None, "cap on the tree depth", 1),
+            ),
+            _build_dyspec,
+            _class_available("dyspec", "DySpec"),
+        ),
+        MethodEntry(
+            "rsdc",
+            f"RSD-C, constant branching, draws without replacement; {_DRAFT_NOTE}",
+            (_DRAFT_LAYERS, _BRANCHING, _BUDGET),
+            _draft_model("rsd_constant", "RSDConstant"),
+            _class_available("rsd_constant", "RSDConstant"),
+        ),
+        MethodEntry(
+            "rsds",
+            f"RSD-S, stochastic beam search; {_DRAFT_NOTE}",
+            (
+                _DRAFT_LAYERS,
+                Param("width", int, None, "beam width W", 1),
+                Param("depth", int, None, "tree depth L", 1),
+                _BUDGET,
+            ),
+            _draft_model("rsd_beam", "RSDStochasticBeam"),
+            _class_available("rsd_beam", "RSDStochasticBeam"),
+        ),
+    ]
+
+
+METHODS: dict[str, MethodEntry] = {entry.name: entry for entry in _entries()}
+
+
+def availability(name: str) -> str | None:
+    """``None`` when method ``name`` can run here, else why not."""
+    return METHODS[name].availability()

@@ -1,0 +1,202 @@
+"""Benchmark prompts in Spec-Bench's format, and how they become model inputs.
+
+A question file is JSON lines, one question per line (Spec-Bench's
+``data/spec_bench/question.jsonl`` layout)::
+
+    {"question_id": 81, "category": "writing", "turns": ["first user turn", "second"]}
+
+Multi-turn questions are run as conversations: the second user turn is asked
+after the model's own answer to the first. verispec ships 30 original prompts
+(``verispec/data/prompts.jsonl``) across chat, coding, translation,
+summarisation, QA, maths and retrieval-style long context.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from verispec.errors import ConfigError
+
+__all__ = [
+    "SHIPPED_PROMPTS",
+    "Question",
+    "build_prompt_ids",
+    "load_questions",
+    "parse_questions",
+    "select_questions",
+    "shipped_questions",
+]
+
+
+def _str_tuple(turns: Iterable[str]) -> tuple[str, ...]:
+    return tuple(turns)
+
+
+#: The prompt set verispec ships (package data).
+SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.jsonl"
+
+
+@attrs.frozen
+class Question:
+    """One benchmark question.
+
+    Attributes:
+        question_id: the file's id (an int in Spec-Bench; kept as given).
+        category: the category the per-category figures group by.
+        turns: the user turns, asked in order as one conversation.
+    """
+
+    question_id: int | str
+    category: str
+    turns: tuple[str, ...] = attrs.field(converter=_str_tuple)
+
+
+def _parse_line(line: str, where: str) -> Question:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}).") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{where}: each line must be a JSON object; got {type(record).__name__}.")
+    missing = [key for key in ("question_id", "category", "turns") if key not in record]
+    if missing:
+        raise ConfigError(
+            f"{where}: missing field(s) {', '.join(f'`{k}`' for k in missing)}; a question "
+            'looks like {"question_id": 1, "category": "qa", "turns": ["..."]}.'
+        )
+    qid, category, turns = record["question_id"], record["category"], record["turns"]
+    if isinstance(qid, bool) or not isinstance(qid, int | str):
+        raise ConfigError(f"{where}: `question_id` must be an integer or a string; got {qid!r}.")
+    if not isinstance(category, str) or not category.strip():
+        raise ConfigError(f"{where}: `category` must be a non-empty string; got {category!r}.")
+    if (
+        not isinstance(turns, list)
+        or not turns
+        or not all(isinstance(t, str) and t.strip() for t in turns)
+    ):
+        raise ConfigError(
+            f"{where}: `turns` must be a non-empty list of non-empty strings; got {turns!r:.80}."
+        )
+    return Question(question_id=qid, category=category, turns=tuple(turns))
+
+
+def parse_questions(lines: Iterable[str], source: str = "<questions>") -> list[Question]:
+    """Parse JSON lines into questions; blank lines are skipped.
+
+    Raises:
+        ConfigError: a line is not a valid question (the message names ``source`` and
+            the 1-based line number), ids repeat, or there is no question at all.
+    """
+    questions: list[Question] = []
+    seen: dict[int | str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{source}, line {number}"
+        question = _parse_line(line, where)
+        if question.question_id in seen:
+            raise ConfigError(
+                f"{where}: `question_id` {question.question_id!r} repeats line "
+                f"{seen[question.question_id]}; ids must be unique."
+            )
+        seen[question.question_id] = number
+        questions.append(question)
+    if not questions:
+        raise ConfigError(f"{source} holds no question; expected JSON lines with `turns`.")
+    return questions
+
+
+def load_questions(path: str | Path) -> list[Question]:
+    """Read a Spec-Bench-format question file.
+
+    Raises:
+        ConfigError: the file is missing, unreadable or malformed (with its line number).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"the questions file {str(path)!r} does not exist or is not a file; give a "
+            "Spec-Bench-format JSONL file (question_id, category, turns)."
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the questions file {str(path)!r}: {exc}.") from None
+    return parse_questions(text.splitlines(), source=str(path))
+
+
+def shipped_questions() -> list[Question]:
+    """The 30 prompts verispec ships (``verispec/data/prompts.jsonl``)."""
+    text = SHIPPED_PROMPTS.read_text(encoding="utf-8")
+    return parse_questions(text.splitlines(), source="verispec/data/prompts.jsonl")
+
+
+def select_questions(
+    questions: Sequence[Question],
+    limit: int | None = None,
+    categories: Sequence[str] | None = None,
+) -> list[Question]:
+    """The first ``limit`` questions of each category, in file order.
+
+    Args:
+        limit: questions per category; ``None`` keeps all.
+        categories: keep only these categories; ``None`` keeps all.
+
+    Raises:
+        ConfigError: ``limit < 1``, or a requested category does not occur.
+    """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ConfigError(
+            f"`limit` must be an integer >= 1 (questions per category); got {limit!r}."
+        )
+    present = list(dict.fromkeys(q.category for q in questions))
+    if categories is not None:
+        unknown = [c for c in categories if c not in present]
+        if unknown:
+            raise ConfigError(
+                f"category {unknown[0]!r} does not occur in the questions; "
+                f"available: {', '.join(present)}."
+            )
+    taken: dict[str, int] = {}
+    selected: list[Question] = []
+    for question in questions:
+        if categories is not None and question.category not in categories:
+            continue
+        count = taken.get(question.category, 0)
+        if limit is not None and count >= limit:
+            continue
+        taken[question.category] = count + 1
+        selected.append(question)
+    return selected
+
+
+def build_prompt_ids(
+    tokenizer: Any, messages: Sequence[dict[str, str]], *, chat: bool = True
+) -> list[int]:
+    """Token ids of a conversation, ready for the model to answer the last user turn.
+
+    With ``chat`` and a tokenizer that has a chat template, the template is applied
+    with the generation prompt. Otherwise the turns are joined with blank lines
+    (each answer included) and encoded as plain text.
+
+    Args:
+        messages: ``{"role": "user" | "assistant", "content": str}`` dicts, last one a user turn.
+    """
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True
+        )
+        if hasattr(ids, "keys") and "input_ids" in ids:  # a BatchEncoding
+            ids = ids["input_ids"]
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        if ids and isinstance(ids[0], list):
+            ids = ids[0]
+        return [int(t) for t in ids]
+    text = "\n\n".join(m["content"] for m in messages)
+    return [int(t) for t in tokenizer.encode(text)]

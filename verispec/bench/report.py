@@ -1,0 +1,358 @@
+"""Figures from a benchmark run, and the terminal table, JSON and Markdown that show them.
+
+Definitions (the same for every method, overall and per category):
+
+* **tokens/s** — new tokens over wall-clock seconds, summed over every measured
+  answer (prefill included; warm-up excluded).
+* **MAT** — mean accepted tokens per step: tokens committed over target forwards
+  that produced them (verispec counts the extra token; for ``generate`` every target
+  forward counts, the prefill included, since it yields the first token).
+* **nodes/step** — draft-tree nodes scored per target forward.
+* **vs hf, vs ar** — tokens/s over the tokens/s of ``hf`` / ``ar`` on the same answers.
+* **identical** — at temperature 0, the share of answers token-identical to the
+  greedy reference (``hf`` if it ran, else ``ar``).
+* **peak MiB** — the largest per-answer peak: CUDA allocation on a GPU, else the
+  process's resident set (model weights included).
+* **draft / target / verify** — shares of the wall-clock time; the rest is the loop
+  and the host (``generate``'s own drafting where it cannot be separated).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from verispec.bench.runner import BenchRun, TurnRecord
+
+__all__ = [
+    "BenchReport",
+    "Figures",
+    "render_category_table",
+    "render_markdown",
+    "render_table",
+    "summarise",
+    "to_json",
+]
+
+_MIB = float(1 << 20)
+
+
+@attrs.frozen
+class Figures:
+    """Aggregated figures of one method over a group of answers (see module docstring)."""
+
+    outputs: int
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    steps: int
+    mean_accepted: float
+    mean_tree_size: float | None
+    peak_memory_mib: float
+    time_split: dict[str, float] | None
+    speedup_vs_hf: float | None
+    speedup_vs_ar: float | None
+    identical: float | None
+    identical_count: int | None
+    finish_reasons: dict[str, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class BenchReport:
+    """The summary of a :class:`~verispec.bench.runner.BenchRun`.
+
+    Attributes:
+        methods: figures per method label, in the run's order.
+        per_category: figures per category, then per method label.
+        reference: the label outputs are compared with (``None`` when not greedy or
+            neither ``hf`` nor ``ar`` ran).
+        mismatches: answers that differ from the reference: method, question id,
+            turn and the index of the first differing token.
+        run: the raw measurements.
+    """
+
+    methods: dict[str, Figures]
+    per_category: dict[str, dict[str, Figures]]
+    reference: str | None
+    mismatches: list[dict[str, Any]]
+    run: BenchRun
+
+
+def _key(record: TurnRecord) -> tuple[str, int]:
+    return (str(record.question_id), record.turn)
+
+
+def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _figures(
+    records: Sequence[TurnRecord],
+    reference: dict[tuple[str, int], tuple[int, ...]] | None,
+) -> dict[str, Any]:
+    results = [r.result for r in records]
+    new_tokens = sum(len(r.tokens) for r in results)
+    seconds = sum(r.seconds for r in results)
+    steps = sum(r.steps for r in results)
+    committed = sum(r.committed for r in results)
+    nodes = [r.tree_nodes for r in results]
+    split: dict[str, float] | None = None
+    parts = {"draft": [r.draft_s for r in results], "target": [r.target_s for r in results]}
+    parts["verify"] = [r.verify_s for r in results]
+    if results and all(v is not None for v in parts["target"]):
+        split = {}
+        for name, values in parts.items():
+            if all(v is not None for v in values):
+                split[name] = float(sum(v for v in values if v is not None))
+        split["other"] = max(seconds - sum(split.values()), 0.0)
+    identical_count = None
+    if reference is not None:
+        identical_count = sum(reference.get(_key(r)) == r.result.tokens for r in records)
+    return {
+        "outputs": len(records),
+        "new_tokens": new_tokens,
+        "seconds": seconds,
+        "tokens_per_s": new_tokens / seconds if seconds > 0 else 0.0,
+        "steps": steps,
+        "mean_accepted": committed / steps if steps else 0.0,
+        "mean_tree_size": (
+            sum(n for n in nodes if n is not None) / steps
+            if steps and all(n is not None for n in nodes)
+            else None
+        ),
+        "peak_memory_mib": max((r.peak_memory for r in results), default=0) / _MIB,
+        "time_split": split,
+        "identical_count": identical_count,
+        "identical": identical_count / len(records) if identical_count is not None else None,
+        "finish_reasons": dict(Counter(r.finish_reason for r in results)),
+    }
+
+
+def _group(records: Sequence[TurnRecord], labels: Sequence[str], reference: Any) -> dict:
+    raw = {
+        label: _figures([r for r in records if r.method == label], reference) for label in labels
+    }
+    out = {}
+    for label, figures in raw.items():
+        speedups: dict[str, Any] = {}
+        for peer in ("hf", "ar"):
+            base = raw.get(peer)
+            ok = base is not None and base["tokens_per_s"] > 0
+            speedups[f"speedup_vs_{peer}"] = (
+                figures["tokens_per_s"] / base["tokens_per_s"] if ok and base else None
+            )
+        out[label] = Figures(**figures, **speedups)
+    return out
+
+
+def summarise(run: BenchRun) -> BenchReport:
+    """Aggregate a run's answers per method and per category."""
+    labels = run.labels
+    reference_label = None
+    if run.config.temperature == 0:
+        reference_label = next((peer for peer in ("hf", "ar") if peer in labels), None)
+    reference = None
+    mismatches: list[dict[str, Any]] = []
+    if reference_label is not None:
+        reference = {_key(r): r.result.tokens for r in run.records if r.method == reference_label}
+        for r in run.records:
+            want = reference.get(_key(r))
+            if r.method != reference_label and want is not None and want != r.result.tokens:
+                mismatches.append(
+                    {
+                        "method": r.method,
+                        "question_id": r.question_id,
+                        "turn": r.turn,
+                        "first_diff": _first_diff(want, r.result.tokens),
+                    }
+                )
+    categories = list(dict.fromkeys(r.category for r in run.records))
+    per_category = {
+        category: _group([r for r in run.records if r.category == category], labels, reference)
+        for category in categories
+    }
+    return BenchReport(
+        methods=_group(run.records, labels, reference),
+        per_category=per_category,
+        reference=reference_label,
+        mismatches=mismatches,
+        run=run,
+    )
+
+
+# -- rendering ------------------------------------------------------------------------
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _share(figures: Figures) -> str:
+    if figures.identical_count is None:
+        return "-"
+    return f"{figures.identical_count}/{figures.outputs}"
+
+
+def _split(figures: Figures) -> list[str]:
+    split = figures.time_split
+    cells = []
+    for part in ("draft", "target", "verify"):
+        if split is None or part not in split or figures.seconds <= 0:
+            cells.append("-")
+        else:
+            cells.append(f"{100 * split[part] / figures.seconds:.0f}%")
+    return cells
+
+
+_HEAD = ["method", "answers", "tok/s", "MAT", "nodes/step", "vs hf", "vs ar", "identical"]
+_TAIL = ["peak MiB", "draft", "target", "verify"]
+
+
+def _rows(report: BenchReport) -> list[list[str]]:
+    rows = []
+    for label, f in report.methods.items():
+        tree = "-" if f.mean_tree_size is None else f"{f.mean_tree_size:.1f}"
+        rows.append(
+            [
+                label,
+                str(f.outputs),
+                f"{f.tokens_per_s:.2f}",
+                f"{f.mean_accepted:.2f}",
+                tree,
+                _x(f.speedup_vs_hf),
+                _x(f.speedup_vs_ar),
+                _share(f),
+                f"{f.peak_memory_mib:.0f}",
+                *_split(f),
+            ]
+        )
+    return rows
+
+
+def _category_rows(report: BenchReport) -> list[list[str]]:
+    rows = []
+    for category, methods in report.per_category.items():
+        for label, f in methods.items():
+            rows.append(
+                [
+                    category,
+                    label,
+                    str(f.outputs),
+                    f"{f.tokens_per_s:.2f}",
+                    f"{f.mean_accepted:.2f}",
+                    _x(f.speedup_vs_hf),
+                    _x(f.speedup_vs_ar),
+                    _share(f),
+                ]
+            )
+    return rows
+
+
+_CATEGORY_HEAD = ["category", "method", "answers", "tok/s", "MAT", "vs hf", "vs ar", "identical"]
+
+
+def _text_table(head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(head, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        return "  ".join([first, *rest]).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(head), rule, *(line(r) for r in rows)])
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    align = ["---", *(["---:"] * (len(head) - 1))]
+    lines = ["| " + " | ".join(cells) + " |" for cells in [head, align, *rows]]
+    return "\n".join(lines)
+
+
+def render_table(report: BenchReport) -> str:
+    """The per-method table for the terminal."""
+    return _text_table(_HEAD + _TAIL, _rows(report))
+
+
+def render_category_table(report: BenchReport) -> str:
+    """The per-category, per-method table for the terminal."""
+    return _text_table(_CATEGORY_HEAD, _category_rows(report))
+
+
+def _config_dict(run: BenchRun) -> dict[str, Any]:
+    config = attrs.asdict(run.config)
+    config["methods"] = run.labels
+    config["questions"] = len(run.questions)
+    config["answers_per_method"] = sum(len(q.turns) for q in run.questions)
+    config["categories"] = list(dict.fromkeys(q.category for q in run.questions))
+    return config
+
+
+def render_markdown(
+    report: BenchReport, machine: dict[str, Any] | None = None, command: str | None = None
+) -> str:
+    """A Markdown report: command, machine, settings, both tables, mismatches."""
+    config = _config_dict(report.run)
+    lines = ["# verispec bench", ""]
+    if command:
+        lines += ["```", command, "```", ""]
+    settings = ", ".join(f"{k}={config[k]}" for k in ("max_new_tokens", "temperature", "seed"))
+    lines += [
+        f"{config['questions']} questions ({config['answers_per_method']} answers per method) "
+        f"over {len(config['categories'])} categories; {settings}; warm-up "
+        f"{config['warmup']} per method, excluded; methods interleaved question by question.",
+        "",
+    ]
+    if machine:
+        lines += ["Machine: " + "; ".join(f"{k}: {v}" for k, v in machine.items()), ""]
+    lines += ["## Per method", "", _md_table(_HEAD + _TAIL, _rows(report)), ""]
+    lines += ["## Per category", "", _md_table(_CATEGORY_HEAD, _category_rows(report)), ""]
+    if report.reference is not None:
+        lines += [f"Identical: token-identical to `{report.reference}` greedy outputs.", ""]
+        if report.mismatches:
+            lines += ["Answers that differ (method, question, turn, first differing token):", ""]
+            lines += [
+                f"- `{m['method']}` question {m['question_id']} turn {m['turn']}: "
+                f"token {m['first_diff']}"
+                for m in report.mismatches
+            ]
+            lines.append("")
+    lines += [
+        "tok/s: new tokens per wall-clock second (prefill included). MAT: tokens committed per "
+        "target forward. vs hf / vs ar: tokens/s ratio on the same answers. Peak: per-answer "
+        "peak memory (process RSS on CPU, CUDA allocation on GPU). draft/target/verify: shares "
+        "of wall-clock time.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def to_json(
+    report: BenchReport, machine: dict[str, Any] | None = None, command: str | None = None
+) -> dict[str, Any]:
+    """The report as JSON-ready data: ``{"methods", "per_category", "machine", "command", ...}``."""
+    run = report.run
+    return {
+        "methods": {
+            label: {"method": spec.name, "params": spec.params, **report.methods[label].as_dict()}
+            for label, spec in zip(run.labels, run.methods, strict=True)
+        },
+        "per_category": {
+            category: {label: f.as_dict() for label, f in methods.items()}
+            for category, methods in report.per_category.items()
+        },
+        "reference": report.reference,
+        "mismatches": report.mismatches,
+        "config": _config_dict(run),
+        "machine": machine or {},
+        "command": command,
+    }

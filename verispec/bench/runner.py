@@ -1,0 +1,222 @@
+"""The benchmark loop: every method on every prompt, interleaved, warm-up excluded.
+
+For each question, every method runs the whole conversation (turn 2 is asked
+after the method's own answer to turn 1) before the next question starts, so a
+slow drift of the machine (thermal throttling, a neighbour's job) hits all
+methods alike. The method order rotates from one question to the next so no
+method always runs first. Before measuring, each method generates ``warmup``
+answers to a prompt outside the set; learnt state (Token Recycling's matrix) is
+then reset so the measured run starts cold, as in the papers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from verispec.bench.methods import METHODS
+from verispec.bench.prompts import Question, build_prompt_ids
+from verispec.bench.registry import MethodSpec
+from verispec.bench.runners import BenchContext, MethodRunner, TurnResult
+from verispec.core.types import GenerationConfig
+from verispec.errors import ConfigError
+
+__all__ = [
+    "BenchConfig",
+    "BenchRun",
+    "TurnRecord",
+    "WARMUP_PROMPT",
+    "build_runners",
+    "check_available",
+    "make_context",
+    "run_bench",
+]
+
+WARMUP_PROMPT = "Count from one to ten in words, then name three colours of the rainbow."
+
+
+@attrs.frozen
+class BenchConfig:
+    """Settings shared by every method of one benchmark run.
+
+    Attributes:
+        max_new_tokens: most tokens per answer.
+        temperature: 0 for greedy (then outputs are compared token by token).
+        seed: seeds every generation's random draws.
+        warmup: warm-up generations per method before measuring (not counted).
+        chat: apply the tokenizer's chat template.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    warmup: int = 1
+    chat: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.warmup < 0:
+            raise ConfigError(f"`warmup` must be >= 0; got {self.warmup}.")
+        self.generation(None)  # validates max_new_tokens and temperature
+
+    def generation(self, eos: Sequence[int] | None) -> GenerationConfig:
+        return GenerationConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            seed=self.seed,
+            eos_token_ids=tuple(eos) if eos else None,
+        )
+
+
+@attrs.frozen
+class TurnRecord:
+    """One measured answer: which question, turn and method, and the result."""
+
+    question_id: int | str
+    category: str
+    turn: int
+    method: str
+    prompt_tokens: int
+    result: TurnResult
+
+
+@attrs.frozen
+class BenchRun:
+    """Everything measured by :func:`run_bench`, before any summarising."""
+
+    config: BenchConfig
+    methods: tuple[MethodSpec, ...]
+    questions: tuple[Question, ...]
+    records: tuple[TurnRecord, ...]
+
+    @property
+    def labels(self) -> list[str]:
+        return [spec.label for spec in self.methods]
+
+
+def check_available(specs: Sequence[MethodSpec]) -> None:
+    """Raise :class:`ConfigError` listing every method that cannot run here."""
+    problems = []
+    for spec in specs:
+        reason = METHODS[spec.name].availability()
+        if reason is not None:
+            problems.append(f"`{spec.label}`: {reason}")
+    if problems:
+        raise ConfigError("method(s) not available in this installation: " + "; ".join(problems))
+
+
+def make_context(target: Any, tokenizer: Any) -> BenchContext:
+    """A :class:`BenchContext` for a verispec model and its tokenizer.
+
+    End-of-sequence ids are the union of the tokenizer's and the model's, so every
+    method stops on the same tokens.
+    """
+    eos: list[int] = []
+    for source in (getattr(tokenizer, "eos_token_id", None), getattr(target, "eos_token_id", None)):
+        if source is None:
+            continue
+        for token in [source] if isinstance(source, int) else list(source):
+            if int(token) not in eos:
+                eos.append(int(token))
+    return BenchContext(
+        target=target,
+        tokenizer=tokenizer,
+        hf_model=getattr(target, "hf_model", None),
+        eos_token_ids=tuple(eos),
+    )
+
+
+def build_runners(context: BenchContext, specs: Sequence[MethodSpec]) -> dict[str, MethodRunner]:
+    """One runner per spec, keyed by the spec's label."""
+    check_available(specs)
+    return {spec.label: METHODS[spec.name].build(context, spec.params) for spec in specs}
+
+
+def _rotated(labels: list[str], shift: int) -> list[str]:
+    shift %= len(labels)
+    return labels[shift:] + labels[:shift]
+
+
+def run_bench(
+    context: BenchContext,
+    specs: Sequence[MethodSpec],
+    questions: Sequence[Question],
+    config: BenchConfig | None = None,
+    *,
+    progress: bool = True,
+    runners: dict[str, MethodRunner] | None = None,
+    on_record: Callable[[TurnRecord], None] | None = None,
+) -> BenchRun:
+    """Run every method on every question and return the raw measurements.
+
+    Args:
+        context: the loaded model (see :func:`make_context`).
+        specs: the methods, parsed by :func:`~verispec.bench.registry.parse_methods`.
+        questions: the questions, already selected.
+        progress: show a tqdm progress bar on stderr.
+        runners: prebuilt runners by label (built from ``specs`` when ``None``).
+        on_record: called after each measured answer.
+
+    Raises:
+        ConfigError: no method or no question, or a method not available.
+    """
+    config = config if config is not None else BenchConfig()
+    if not specs:
+        raise ConfigError("`methods` must name at least one method.")
+    if not questions:
+        raise ConfigError("`questions` must hold at least one question.")
+    runners = runners if runners is not None else build_runners(context, specs)
+    labels = [spec.label for spec in specs]
+    generation = config.generation(context.eos_token_ids)
+    tokenizer = context.tokenizer
+
+    if config.warmup:
+        warm_ids = build_prompt_ids(
+            tokenizer, [{"role": "user", "content": WARMUP_PROMPT}], chat=config.chat
+        )
+        warm = attrs.evolve(generation, max_new_tokens=min(config.max_new_tokens, 32))
+        for label in labels:
+            for _ in range(config.warmup):
+                runners[label].run(warm_ids, warm)
+            runners[label].reset()
+
+    total = len(labels) * sum(len(q.turns) for q in questions)
+    bar = _progress_bar(total, progress)
+    records: list[TurnRecord] = []
+    try:
+        for index, question in enumerate(questions):
+            for label in _rotated(labels, index):
+                bar.set_postfix_str(f"{question.category} #{question.question_id} {label}")
+                messages: list[dict[str, str]] = []
+                for turn, user_text in enumerate(question.turns):
+                    messages.append({"role": "user", "content": user_text})
+                    ids = build_prompt_ids(tokenizer, messages, chat=config.chat)
+                    result = runners[label].run(ids, generation)
+                    record = TurnRecord(
+                        question_id=question.question_id,
+                        category=question.category,
+                        turn=turn,
+                        method=label,
+                        prompt_tokens=len(ids),
+                        result=result,
+                    )
+                    records.append(record)
+                    if on_record is not None:
+                        on_record(record)
+                    messages.append({"role": "assistant", "content": result.text})
+                    bar.update(1)
+    finally:
+        bar.close()
+    return BenchRun(
+        config=config,
+        methods=tuple(specs),
+        questions=tuple(questions),
+        records=tuple(records),
+    )
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="verispec bench", unit="answer", disable=not enabled)

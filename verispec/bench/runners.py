@@ -1,0 +1,332 @@
+"""Runners: one benchmark method bound to a loaded model, timed the same way for all.
+
+Two kinds:
+
+* :class:`EngineRunner` — verispec's :class:`~verispec.core.engine.SpeculativeDecoder`
+  with a drafter (or none: ``ar``). The drafter lives as long as the runner, so a
+  drafter that learns across prompts (Token Recycling's adjacency matrix) keeps
+  what it learnt, as in the paper; :meth:`reset` forgets it after the warm-up.
+* :class:`HFRunner` — Hugging Face ``generate`` on the same underlying model
+  (greedy, prompt lookup, early-exit self-speculation). Forward hooks count and
+  time its forwards, so it reports mean accepted tokens too.
+
+Every call is timed by the same wall clock around the whole generation
+(prefill included), after synchronising the device, and the peak memory of the
+call is recorded: CUDA's peak allocation on a GPU, else the process's peak
+resident set (``VmHWM``, reset before the call where Linux allows it).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import attrs
+import torch
+
+from verispec.core.engine import SpeculativeDecoder
+from verispec.core.types import Drafter, GenerationConfig, LanguageModel
+
+__all__ = [
+    "BenchContext",
+    "EngineRunner",
+    "HFRunner",
+    "MethodRunner",
+    "TurnResult",
+    "measure_call",
+]
+
+
+@attrs.frozen
+class BenchContext:
+    """What a method factory may use.
+
+    Attributes:
+        target: the model under test (a :class:`LanguageModel`).
+        tokenizer: its Hugging Face tokenizer (or a stand-in with ``encode``/``decode``).
+        hf_model: the underlying ``transformers`` model, for the ``hf*`` peers; ``None``
+            when the target has none.
+        eos_token_ids: end-of-sequence ids used by every method alike.
+    """
+
+    target: LanguageModel
+    tokenizer: Any
+    hf_model: Any = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def device(self) -> torch.device:
+        device = getattr(self.target, "device", None)
+        if device is None and self.hf_model is not None:
+            device = self.hf_model.device
+        return torch.device(device if device is not None else "cpu")
+
+
+def _token_tuple(tokens: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(t) for t in tokens)
+
+
+@attrs.frozen
+class TurnResult:
+    """One generation (one user turn) by one method.
+
+    Attributes:
+        tokens: the new token ids.
+        text: the decoded answer (special tokens skipped).
+        seconds: wall-clock seconds of the whole call, prefill included.
+        steps: target forwards that produced tokens (engine steps; for ``generate``,
+            every target forward, the prefill included, since it yields the first token).
+        committed: tokens those forwards committed (``>= len(tokens)``: the last step
+            may overshoot ``max_new_tokens``).
+        tree_nodes: draft nodes sent to the target, summed over steps; ``None`` where
+            the method does not expose them (transformers' drafting peers).
+        draft_s, target_s, verify_s: seconds drafting, in target forwards (prefill
+            included), verifying; ``None`` where a method cannot separate them.
+        peak_memory: bytes, the call's peak (see module docstring).
+        finish_reason: why generation stopped.
+    """
+
+    tokens: tuple[int, ...] = attrs.field(converter=_token_tuple)
+    text: str
+    seconds: float
+    steps: int
+    committed: int
+    tree_nodes: int | None
+    draft_s: float | None
+    target_s: float | None
+    verify_s: float | None
+    peak_memory: int
+    finish_reason: str
+
+
+class MethodRunner(Protocol):
+    """A method ready to generate."""
+
+    def reset(self) -> None:
+        """Forget what the method learnt from earlier prompts."""
+        ...
+
+    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+        """Generate an answer to ``prompt_ids`` (already templated)."""
+        ...
+
+
+# -- measurement ----------------------------------------------------------------------
+
+_HWM = re.compile(r"VmHWM:\s+(\d+)\s+kB")
+
+
+def _rss_peak_bytes() -> int:
+    try:
+        with open("/proc/self/status") as status:
+            match = _HWM.search(status.read())
+        if match:
+            return int(match.group(1)) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _reset_rss_peak() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # Linux: reset the peak resident set size (VmHWM)
+    except OSError:
+        pass  # not Linux, or not allowed: the peak is then the process's lifetime peak
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_call(device: torch.device, fn: Any) -> tuple[Any, float, int]:
+    """Run ``fn()``; return its result, wall seconds and peak memory bytes."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        _reset_rss_peak()
+    _sync(device)
+    start = time.perf_counter()
+    out = fn()
+    _sync(device)
+    seconds = time.perf_counter() - start
+    if device.type == "cuda":
+        peak = int(torch.cuda.max_memory_allocated(device))
+    else:
+        peak = _rss_peak_bytes()
+    return out, seconds, peak
+
+
+def _decode(tokenizer: Any, tokens: Sequence[int]) -> str:
+    if tokenizer is None:
+        return ""
+    try:
+        return str(tokenizer.decode(list(tokens), skip_special_tokens=True))
+    except TypeError:
+        return str(tokenizer.decode(list(tokens)))
+
+
+# -- verispec's engine ----------------------------------------------------------------
+
+
+class EngineRunner:
+    """verispec's decoder with one drafter (``None``: autoregressive)."""
+
+    def __init__(self, context: BenchContext, drafter: Drafter | None) -> None:
+        self.context = context
+        self.drafter = drafter
+        self.decoder = SpeculativeDecoder(context.target, drafter, tokenizer=None)
+
+    def reset(self) -> None:
+        reset = getattr(self.drafter, "reset", None)
+        if callable(reset):
+            reset()
+
+    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+        if config.eos_token_ids is None and self.context.eos_token_ids:
+            config = attrs.evolve(config, eos_token_ids=self.context.eos_token_ids)
+        result, seconds, peak = measure_call(
+            self.context.device, lambda: self.decoder.generate(list(prompt_ids), config)
+        )
+        split = result.time_split()
+        return TurnResult(
+            tokens=result.tokens,
+            text=_decode(self.context.tokenizer, result.tokens),
+            seconds=seconds,
+            steps=result.num_steps,
+            committed=sum(step.committed for step in result.steps),
+            tree_nodes=sum(step.tree_size for step in result.steps),
+            draft_s=split["draft"],
+            target_s=split["target"] + result.prefill_s,
+            verify_s=split["verify"],
+            peak_memory=peak,
+            finish_reason=result.finish_reason,
+        )
+
+
+# -- Hugging Face generate ------------------------------------------------------------
+
+
+class _ForwardClock:
+    """Forward hooks that count and time an HF model's target and draft forwards.
+
+    With ``assistant_early_exit`` transformers drafts with the same module, its
+    ``config.num_hidden_layers`` lowered for the draft: such calls count as drafting.
+    """
+
+    def __init__(self, hf_model: Any, device: torch.device) -> None:
+        self.model = hf_model
+        self.device = device
+        self.full_layers = getattr(hf_model.config, "num_hidden_layers", None)
+        self._started = 0.0
+        self.clear()
+        self._handles = [
+            hf_model.register_forward_pre_hook(self._before),
+            hf_model.register_forward_hook(self._after),
+        ]
+
+    def clear(self) -> None:
+        self.target_calls = 0
+        self.target_s = 0.0
+        self.draft_s = 0.0
+
+    def _is_draft(self) -> bool:
+        base = getattr(self.model, getattr(self.model, "base_model_prefix", ""), self.model)
+        layers = getattr(getattr(base, "config", None), "num_hidden_layers", None)
+        return layers is not None and self.full_layers is not None and layers < self.full_layers
+
+    def _before(self, module: Any, args: Any) -> None:
+        _sync(self.device)
+        self._started = time.perf_counter()
+
+    def _after(self, module: Any, args: Any, output: Any) -> None:
+        _sync(self.device)
+        elapsed = time.perf_counter() - self._started
+        if self._is_draft():
+            self.draft_s += elapsed
+        else:
+            self.target_calls += 1
+            self.target_s += elapsed
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+class HFRunner:
+    """``hf_model.generate`` with fixed extra keyword arguments.
+
+    Args:
+        extra: e.g. ``{"prompt_lookup_num_tokens": 10}`` or ``{"assistant_early_exit": 8}``.
+        drafts: ``"none"`` (plain greedy: no draft time), ``"forwards"`` (drafts with
+            early-exit forwards of the same module: the hooks time them) or ``"opaque"``
+            (drafts outside any forward, e.g. prompt lookup: draft time unknown).
+    """
+
+    def __init__(self, context: BenchContext, extra: dict[str, Any], drafts: str = "none") -> None:
+        if context.hf_model is None:
+            from verispec.errors import ConfigError
+
+            raise ConfigError(
+                "the `hf` methods need a target that wraps a transformers model "
+                "(`.hf_model`); this one has none."
+            )
+        self.context = context
+        self.model = context.hf_model
+        self.extra = dict(extra)
+        self.drafts = drafts
+        self.clock = _ForwardClock(self.model, context.device)
+
+    def reset(self) -> None:
+        pass
+
+    def _generate(self, ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+        eos = list(config.eos_token_ids or self.context.eos_token_ids)
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": config.max_new_tokens,
+            "eos_token_id": eos or None,
+            "pad_token_id": eos[0] if eos else None,
+            **self.extra,
+        }
+        if config.temperature > 0:
+            # transformers samples from torch's global generator: seed it per call so
+            # that runs repeat (verispec itself never uses the global generator).
+            torch.manual_seed(config.seed)
+            kwargs.update(
+                do_sample=True,
+                temperature=config.temperature,
+                top_k=config.top_k or None,
+                top_p=config.top_p,
+            )
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        with torch.inference_mode():
+            return self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+
+    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.context.device)
+        self.clock.clear()
+        out, seconds, peak = measure_call(self.context.device, lambda: self._generate(ids, config))
+        tokens = [int(t) for t in out[0, ids.shape[1] :].tolist()]
+        eos = set(config.eos_token_ids or self.context.eos_token_ids)
+        finish = "eos" if tokens and tokens[-1] in eos else "max_new_tokens"
+        steps = max(self.clock.target_calls, 1)
+        draft_s = {"none": 0.0, "forwards": self.clock.draft_s}.get(self.drafts)
+        return TurnResult(
+            tokens=tokens,
+            text=_decode(self.context.tokenizer, tokens),
+            seconds=seconds,
+            steps=steps,
+            committed=len(tokens),
+            tree_nodes=0 if self.drafts == "none" else None,
+            draft_s=draft_s,
+            target_s=self.clock.target_s,
+            verify_s=None,
+            peak_memory=peak,
+            finish_reason=finish,
+        )
