@@ -1,15 +1,18 @@
 """Proposal rules: given the context, which draft tree to send.
 
-Model-free drafters: :class:`Autoregressive` (the empty tree), :class:`TokenRecycling`.
+Model-free drafters: :class:`Autoregressive` (the empty tree), :class:`TokenRecycling`,
+:class:`PromptLookup`.
 """
 
 from verispec.drafters.autoregressive import Autoregressive
+from verispec.drafters.prompt_lookup import PromptLookup
 from verispec.drafters.templates import TEMPLATES, TreeTemplate, resolve_template
 from verispec.drafters.token_recycling import TokenRecycling
 
 __all__ = [
     "TEMPLATES",
     "Autoregressive",
+    "PromptLookup",
     "TokenRecycling",
     "TreeTemplate",
     "resolve_template",

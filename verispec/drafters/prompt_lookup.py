@@ -1,0 +1,271 @@
+"""Prompt lookup: n-gram drafting from the context, as a tree of deterministic candidates.
+
+Prompt lookup decoding (PLD; Saxena 2023, ``apoorvumang/prompt-lookup-decoding``; in
+transformers as ``prompt_lookup_num_tokens``, in vLLM as the n-gram speculator) drafts
+by copying: find an earlier occurrence of the context's last ``n`` tokens and propose
+the tokens that followed it. Those implementations propose one chain from one
+occurrence. Here every earlier occurrence found (up to ``max_matches``, most recent
+first) contributes its continuation, the continuations are merged into a trie, and the
+``max_tokens`` most valuable trie nodes are sent as one tree.
+
+Matching (``n`` from ``max_ngram`` down to ``min_ngram``): occurrences of the last
+``max_ngram`` tokens are taken first, then, while fewer than ``max_matches`` were found,
+occurrences of shorter suffixes (a position found with a longer suffix is not counted
+again). An occurrence found with an ``n``-token suffix has weight ``4 ** (n - max_ngram)``:
+longer matches predict better.
+
+Node value (not in the PLD reference, which has no tree): the *share* of a trie node is
+the weight of the occurrences whose continuation passes through it over the weight of
+all occurrences, and its value is ``acceptance ** depth * share``, an estimate of the
+probability that its whole path is accepted when each copied token is right with
+probability ``acceptance`` and the occurrences vote on where the text goes. Values
+never grow down a path, so the top ``max_tokens`` nodes by value (ties: the node of the
+more recent occurrence, then the shallower) form a connected tree; siblings are in
+value order. The chain variant (``tree=False``) sends only the continuation of the best
+occurrence — the longest match, the most recent one — like transformers, which takes
+the *earliest* occurrence instead.
+
+The index is incremental: a dict from each n-gram (``min_ngram <= n <= max_ngram``) to
+the positions that follow its occurrences, extended with the newly committed tokens
+after every step; a lookup is ``max_ngram - min_ngram + 1`` dict reads.
+
+Shape glossary: N tree nodes, M trie nodes.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import torch
+
+from verispec.core.tree import DraftTree
+from verispec.core.types import DecodeState, StepOutcome
+from verispec.errors import ConfigError
+
+__all__ = ["LookupCandidates", "NgramIndex", "PromptLookup"]
+
+
+class NgramIndex:
+    """Positions that follow each n-gram of a growing token sequence.
+
+    ``positions(key)`` lists, in increasing order, every ``p`` with
+    ``tokens[p - n:p] == key`` and ``p < len(tokens)`` (a continuation token exists).
+    """
+
+    def __init__(self, min_ngram: int, max_ngram: int) -> None:
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        self.tokens: list[int] = []
+        self._index: dict[tuple[int, ...], list[int]] = {}
+
+    def reset(self) -> None:
+        self.tokens = []
+        self._index = {}
+
+    def sync(self, tokens: list[int]) -> None:
+        """Catch up with ``tokens``; rebuilds when they do not extend what was indexed."""
+        old = len(self.tokens)
+        if len(tokens) < old or (old and tokens[old - 1] != self.tokens[-1]):
+            self.reset()
+            old = 0
+        if len(tokens) == old:
+            return
+        self.tokens.extend(tokens[old:])
+        seq = self.tokens
+        index = self._index
+        lo, hi = self.min_ngram, self.max_ngram
+        for p in range(max(old, 1), len(seq)):  # positions that just gained a continuation
+            for n in range(lo, min(hi, p) + 1):
+                key = tuple(seq[p - n : p])
+                found = index.get(key)
+                if found is None:
+                    index[key] = [p]
+                else:
+                    found.append(p)
+
+    def positions(self, key: tuple[int, ...]) -> list[int]:
+        return self._index.get(key, [])
+
+
+@attrs.frozen(eq=False)
+class LookupCandidates:
+    """The trie of merged continuations, with each node's vote share.
+
+    Attributes:
+        tokens: int64, Shape: (M,). Nodes in insertion order (parents first).
+        parents: int64, Shape: (M,). ``-1`` for children of the root.
+        depth: int64, Shape: (M,). 1 for children of the root.
+        share: float64, Shape: (M,). Weight of the occurrences through the node over the
+            weight of all occurrences; never larger than the parent's share.
+        rank: int64, Shape: (M,). Rank of the best occurrence through the node
+            (0 = longest match, most recent).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depth: torch.Tensor
+    share: torch.Tensor
+    rank: torch.Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.numel())
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"`{name}` must be an integer >= {low}; got {value!r}.")
+    return value
+
+
+class PromptLookup:
+    """Prompt-lookup drafter that proposes a tree of the context's continuations.
+
+    Args:
+        max_tokens: most nodes sent per step (transformers' ``prompt_lookup_num_tokens``).
+        min_ngram, max_ngram: suffix lengths matched, longest first (transformers:
+            ``max_matching_ngram_size=2``, down to 1).
+        max_matches: most earlier occurrences merged per step.
+        tree: ``False`` sends one chain (the best occurrence's continuation).
+        acceptance: the per-token acceptance assumed by the node value, in (0, 1); it
+            only sets how the budget is split between depth and branches.
+
+    Raises:
+        ConfigError: an argument out of range.
+    """
+
+    needs_draft_model: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        max_tokens: int = 10,
+        min_ngram: int = 1,
+        max_ngram: int = 3,
+        *,
+        max_matches: int = 8,
+        tree: bool = True,
+        acceptance: float = 0.5,
+    ) -> None:
+        self.max_tokens = _check_int("max_tokens", max_tokens, 1)
+        self.min_ngram = _check_int("min_ngram", min_ngram, 1)
+        self.max_ngram = _check_int("max_ngram", max_ngram, 1)
+        if self.max_ngram < self.min_ngram:
+            raise ConfigError(
+                f"`max_ngram` must be >= `min_ngram`; got max_ngram={max_ngram}, "
+                f"min_ngram={min_ngram}."
+            )
+        self.max_matches = _check_int("max_matches", max_matches, 1)
+        if not isinstance(acceptance, int | float) or not 0 < acceptance < 1:
+            raise ConfigError(f"`acceptance` must be in (0, 1); got {acceptance!r}.")
+        self.tree = bool(tree)
+        self.acceptance = float(acceptance)
+        self.index = NgramIndex(self.min_ngram, self.max_ngram)
+
+    # -- matching ---------------------------------------------------------------------
+
+    def matches(self, tokens: list[int]) -> list[tuple[int, int]]:
+        """Earlier occurrences of the context's suffix, best first.
+
+        Returns:
+            ``(position, n)`` pairs: the continuation starts at ``tokens[position]`` and the
+            occurrence matched the last ``n`` tokens; sorted by ``n`` descending, then most
+            recent first; at most ``max_matches`` (one, with ``tree=False``).
+        """
+        self.index.sync(tokens)
+        length = len(tokens)
+        limit = self.max_matches if self.tree else 1
+        found: list[tuple[int, int]] = []
+        seen: set[int] = set()
+        for n in range(min(self.max_ngram, length), self.min_ngram - 1, -1):
+            positions = self.index.positions(tuple(tokens[length - n :]))
+            for p in reversed(positions):
+                if p not in seen:
+                    seen.add(p)
+                    found.append((p, n))
+                    if len(found) == limit:
+                        return found
+        return found
+
+    def candidates(self, tokens: list[int], max_depth: int | None = None) -> LookupCandidates:
+        """Merge the continuations of :meth:`matches` into a trie (see the module notes).
+
+        Args:
+            tokens: the committed context; its last token is the root.
+            max_depth: longest continuation taken (default ``max_tokens``).
+        """
+        depth_cap = self.max_tokens if max_depth is None else max_depth
+        found = self.matches(tokens)
+        node_of: dict[tuple[int, int], int] = {}
+        toks: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        weights: list[float] = []
+        ranks: list[int] = []
+        total = 0.0
+        for rank, (p, n) in enumerate(found):
+            weight = 4.0 ** (n - self.max_ngram)
+            total += weight
+            parent = -1
+            for d, token in enumerate(tokens[p : p + depth_cap]):
+                key = (parent, token)
+                node = node_of.get(key)
+                if node is None:
+                    node = len(toks)
+                    node_of[key] = node
+                    toks.append(token)
+                    parents.append(parent)
+                    depths.append(d + 1)
+                    weights.append(0.0)
+                    ranks.append(rank)
+                weights[node] += weight
+                parent = node
+        share = [w / total for w in weights] if total else []
+        return LookupCandidates(
+            tokens=torch.tensor(toks, dtype=torch.long),
+            parents=torch.tensor(parents, dtype=torch.long),
+            depth=torch.tensor(depths, dtype=torch.long),
+            share=torch.tensor(share, dtype=torch.float64),
+            rank=torch.tensor(ranks, dtype=torch.long),
+        )
+
+    # -- Drafter protocol -------------------------------------------------------------
+
+    def begin(self, state: DecodeState) -> None:
+        """Index the prompt (a new sequence: the previous index is dropped)."""
+        self.index.reset()
+        self.index.sync(state.tokens)
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        """The ``max_tokens`` most valuable continuation nodes, as a deterministic tree."""
+        budget = min(self.max_tokens, state.max_nodes)
+        if budget <= 0:
+            return DraftTree.empty()
+        cand = self.candidates(state.tokens)
+        if cand.num_nodes == 0:
+            return DraftTree.empty()
+        if self.tree:
+            alpha = self.acceptance
+            share, depth, rank = cand.share.tolist(), cand.depth.tolist(), cand.rank.tolist()
+            value = [alpha**d * s for d, s in zip(depth, share, strict=True)]  # never up a path
+            best = sorted(range(cand.num_nodes), key=lambda i: (-value[i], rank[i], depth[i]))
+            order = torch.tensor(best[:budget], dtype=torch.long)
+        else:
+            order = torch.arange(min(budget, cand.num_nodes))  # one occurrence: a chain
+        return _subtree(cand, order)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Index the newly committed tokens."""
+        self.index.sync(outcome.state.tokens)
+
+    def reset(self) -> None:
+        """Forget the indexed context."""
+        self.index.reset()
+
+
+def _subtree(cand: LookupCandidates, order: torch.Tensor) -> DraftTree:
+    """The trie nodes ``order`` (a connected set, parents first) as a DraftTree."""
+    new_index = torch.full((cand.num_nodes,), -1, dtype=torch.long)
+    new_index[order] = torch.arange(order.numel())
+    parents = cand.parents[order]
+    parents = torch.where(parents >= 0, new_index[parents.clamp(min=0)], -1)
+    return DraftTree.from_parents(cand.tokens[order], parents)
