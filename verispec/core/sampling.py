@@ -4,7 +4,10 @@ The same processing is applied to target *and* draft logits before any
 acceptance rule runs; verispec's exactness guarantee is with respect to the
 processed target distribution. Order of operations, as in Hugging Face
 transformers' default logits processors: temperature, then top-k, then top-p,
-then min-p.
+then min-p. Temperature 0 is greedy decoding: the distribution is the one-hot
+of the argmax.
+
+Shape glossary (docs/glossary): V vocabulary.
 """
 
 from __future__ import annotations
@@ -19,9 +22,15 @@ from verispec.errors import ConfigError, NonFiniteLogitsError
 __all__ = ["SamplingParams"]
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _non_negative_float(instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if not isinstance(value, int | float) or math.isnan(value) or value < 0 or math.isinf(value):
-        raise ConfigError(f"`{attribute.name}` must be a finite number >= 0; got {value!r}.")
+    if not _is_number(value) or math.isnan(value) or value < 0 or math.isinf(value):
+        raise ConfigError(
+            f"`{attribute.name}` must be a finite number >= 0 (0 means greedy); got {value!r}."
+        )
 
 
 def _non_negative_int(instance: object, attribute: attrs.Attribute, value: int) -> None:
@@ -32,13 +41,25 @@ def _non_negative_int(instance: object, attribute: attrs.Attribute, value: int) 
 
 
 def _unit_interval(instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if not isinstance(value, int | float) or not (0 < value <= 1):
-        raise ConfigError(f"`{attribute.name}` must be in (0, 1]; got {value!r}.")
+    if not _is_number(value) or not (0 < value <= 1):
+        raise ConfigError(f"`{attribute.name}` must be in (0, 1] (1 disables it); got {value!r}.")
 
 
 def _min_p(instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if not isinstance(value, int | float) or not (0 <= value < 1):
-        raise ConfigError(f"`{attribute.name}` must be in [0, 1); got {value!r}.")
+    if not _is_number(value) or not (0 <= value < 1):
+        raise ConfigError(f"`{attribute.name}` must be in [0, 1) (0 disables it); got {value!r}.")
+
+
+def _non_finite_error(logits: torch.Tensor) -> NonFiniteLogitsError:
+    """Say what is wrong with logits whose row maximum is not finite (off the hot path)."""
+    if bool(torch.isnan(logits).any()) or bool((logits == math.inf).any()):
+        return NonFiniteLogitsError(
+            "`logits` contain NaN or +inf; refusing to sample from them. "
+            "Check the model's dtype (float16 overflows) and its inputs."
+        )
+    return NonFiniteLogitsError(
+        "`logits` have a row whose entries are all -inf, so no distribution can be formed."
+    )
 
 
 @attrs.frozen
@@ -47,9 +68,12 @@ class SamplingParams:
 
     Attributes:
         temperature: ``0`` means greedy (argmax); otherwise logits are divided by it.
-        top_k: keep the ``top_k`` most likely tokens; ``0`` keeps all.
-        top_p: keep the smallest set of most likely tokens whose mass reaches ``top_p``.
-        min_p: drop tokens whose probability is below ``min_p`` times the largest one.
+        top_k: keep the ``top_k`` most likely tokens (ties with the k-th are kept);
+            ``0`` keeps all.
+        top_p: keep the smallest set of most likely tokens whose mass reaches ``top_p``;
+            ``1`` keeps all.
+        min_p: drop tokens whose probability is below ``min_p`` times the largest one;
+            ``0`` keeps all.
     """
 
     temperature: float = attrs.field(default=0.0, validator=_non_negative_float)
@@ -64,6 +88,8 @@ class SamplingParams:
     def probs(self, logits: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The processed distribution of each row of ``logits``.
 
+        One host sync (the finiteness check of the row maxima).
+
         Args:
             logits: float, Shape: (..., V).
             dtype: float32 or float64, the precision of the result.
@@ -73,36 +99,38 @@ class SamplingParams:
             row is the one-hot of its argmax (ties go to the lowest index).
 
         Raises:
-            NonFiniteLogitsError: a row contains NaN or +inf.
+            NonFiniteLogitsError: a row contains NaN or +inf, or has no finite entry.
         """
+        if not dtype.is_floating_point:
+            raise ConfigError(f"`dtype` must be a floating dtype; got {dtype}.")
         logits = logits.to(dtype)
-        if not bool(torch.isfinite(logits).logical_or(logits == -math.inf).all()):
-            raise NonFiniteLogitsError(
-                "`logits` contain NaN or +inf; refusing to sample from them. "
-                "Check the model's dtype (float16 overflows) and its inputs."
-            )
+        # NaN and +inf propagate to the row maximum, and a row of -inf has maximum -inf:
+        # one reduction checks all three.
+        row_max = logits.amax(-1, keepdim=True)  # (..., 1)
+        if not bool(torch.isfinite(row_max).all()):
+            raise _non_finite_error(logits)
         if self.is_greedy:
             out = torch.zeros_like(logits)
             out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
             return out
-        scores = logits / self.temperature
+        # Shifting by the maximum first keeps every score <= 0, so dividing by a tiny
+        # temperature can underflow to -inf but never overflow to +inf (no NaN).
+        scores = logits - row_max
+        if self.temperature != 1:
+            scores = scores / self.temperature
         if self.top_k and self.top_k < scores.shape[-1]:
             kth = torch.topk(scores, self.top_k, dim=-1).values[..., -1:]
             scores = scores.masked_fill(scores < kth, -math.inf)
         if self.top_p < 1.0:
             sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-            cumulative = sorted_scores.softmax(-1).cumsum(-1)
+            sorted_probs = sorted_scores.softmax(-1)
             # drop a token when the mass strictly before it already reaches top_p
-            drop_sorted = (cumulative - sorted_scores.softmax(-1)) >= self.top_p
+            drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= self.top_p
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             scores = scores.masked_fill(drop, -math.inf)
         probs = scores.softmax(-1)
         if self.min_p > 0:
-            floor = self.min_p * probs.max(-1, keepdim=True).values
+            floor = self.min_p * probs.amax(-1, keepdim=True)
             probs = probs.masked_fill(probs < floor, 0.0)
             probs = probs / probs.sum(-1, keepdim=True)
-        if not bool(torch.isfinite(probs).all()):
-            raise NonFiniteLogitsError(
-                "`logits` have no finite entry in some row, so no distribution can be formed."
-            )
         return probs

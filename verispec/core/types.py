@@ -11,7 +11,7 @@ Shape glossary: N tree nodes, V vocabulary, S committed tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import ClassVar, Protocol, runtime_checkable
 
 import attrs
@@ -32,6 +32,10 @@ __all__ = [
 ]
 
 
+def _node_tuple(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class Verdict:
     """The outcome of verifying one draft tree.
@@ -45,7 +49,7 @@ class Verdict:
             therefore commits ``len(accepted) + 1`` tokens.
     """
 
-    accepted: tuple[int, ...] = attrs.field(converter=tuple)
+    accepted: tuple[int, ...] = attrs.field(converter=_node_tuple)
     extra_token: int
 
     @property
