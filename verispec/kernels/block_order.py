@@ -1,0 +1,144 @@
+"""Node orders for block-sparse tree attention (DySpec, Xiong et al., appendix C).
+
+A tree attention kernel walks the ancestor mask in tiles of ``block_m`` queries by
+``block_n`` keys and skips every tile the mask leaves empty, so its work is the
+number of *non-empty blocks*. That number depends on the order of the nodes.
+DySpec (appendix C) renumbers the nodes in depth-first order: a subtree is then a
+contiguous range and each node's ancestors are packed before it, which usually
+leaves fewer non-empty blocks than breadth-first order.
+
+Usually, not always: ``proofs_tests/kernels/test_block_order.py`` finds trees where
+depth-first order has *more* non-empty blocks than the stored order (the smallest
+has 8 nodes). :func:`block_friendly_order` therefore returns the depth-first order
+only when it does not increase the count, and the stored order otherwise.
+
+Any order used to score a tree must keep parents before children (both orders here
+do), so :func:`permute_tree` gives a valid :class:`~verispec.core.tree.DraftTree`.
+
+Shape glossary: N tree nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from verispec.core.tree import DraftTree
+from verispec.errors import ConfigError, TreeStructureError
+
+__all__ = [
+    "block_friendly_order",
+    "block_states",
+    "count_nonempty_blocks",
+    "dfs_order",
+    "permute_tree",
+]
+
+
+def dfs_order(tree: DraftTree) -> torch.Tensor:
+    """int64, Shape: (N,). Depth-first pre-order, children in stored (drawn) order.
+
+    ``order[k]`` is the node placed at position ``k``.
+    """
+    return torch.tensor(tree.dfs_order, dtype=torch.long)
+
+
+def _check_block(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"`{name}` must be an integer >= 1; got {value!r}.")
+
+
+def block_states(mask: torch.Tensor, block_m: int, block_n: int) -> torch.Tensor:
+    """Classify the tiles of ``mask``: 0 empty, 1 full, 2 partial.
+
+    Args:
+        mask: bool, Shape: (..., M, K). True where a query sees a key.
+        block_m, block_n: tile height (queries) and width (keys).
+
+    Returns:
+        int8, Shape: (..., ceil(M / block_m), ceil(K / block_n)). Positions past the
+        edges are ignored (they make a tile neither non-empty nor partial). Computed on
+        ``mask``'s device without a host sync.
+    """
+    _check_block("block_m", block_m)
+    _check_block("block_n", block_n)
+    *lead, rows, cols = mask.shape
+    mb, nb = -(-rows // block_m), -(-cols // block_n)
+    pad = (0, nb * block_n - cols, 0, mb * block_m - rows)
+    mask = mask.bool()
+    tiles = (*lead, mb, block_m, nb, block_n)
+    any_ = torch.nn.functional.pad(mask, pad, value=False).reshape(tiles).any(-1).any(-2)
+    all_ = torch.nn.functional.pad(mask, pad, value=True).reshape(tiles).all(-1).all(-2)
+    return torch.where(any_, torch.where(all_, 1, 2), 0).to(torch.int8)
+
+
+def count_nonempty_blocks(
+    mask: torch.Tensor,
+    block_m: int,
+    block_n: int | None = None,
+    order: torch.Tensor | Sequence[int] | None = None,
+) -> int:
+    """Non-empty ``block_m x block_n`` tiles of ``mask`` with nodes renumbered by ``order``.
+
+    Args:
+        mask: bool, Shape: (N, N). An ancestor mask (``DraftTree.ancestor_mask``).
+        block_m: tile height; ``block_n`` (tile width) defaults to it.
+        order: node placed at each position, Shape: (N,); ``None`` keeps the stored order.
+
+    Returns:
+        The number of tiles that hold at least one True entry (a host sync).
+    """
+    block_n = block_m if block_n is None else block_n
+    if order is not None:
+        index = torch.as_tensor(order, dtype=torch.long, device=mask.device)
+        mask = mask[index][:, index]
+    return int((block_states(mask, block_m, block_n) != 0).sum())
+
+
+def block_friendly_order(tree: DraftTree, block_m: int, block_n: int | None = None) -> torch.Tensor:
+    """The depth-first order if it has no more non-empty blocks than the stored order.
+
+    Returns:
+        int64, Shape: (N,). ``dfs_order(tree)`` or ``arange(N)`` (ties keep the stored
+        order, which needs no permutation).
+    """
+    stored = torch.arange(tree.num_nodes)
+    if tree.num_nodes == 0:
+        return stored
+    dfs = dfs_order(tree)
+    mask = tree.ancestor_mask
+    if count_nonempty_blocks(mask, block_m, block_n, dfs) < count_nonempty_blocks(
+        mask, block_m, block_n
+    ):
+        return dfs
+    return stored
+
+
+def permute_tree(tree: DraftTree, order: torch.Tensor | Sequence[int]) -> DraftTree:
+    """Renumber the nodes of ``tree``: new node ``k`` is old node ``order[k]``.
+
+    Tokens, parents and laws move with their nodes; siblings keep their relative
+    order when ``order`` does (depth-first order does), so verification is unchanged.
+    Map node indices back with ``order[new_index]``.
+
+    Raises:
+        TreeStructureError: ``order`` is not a permutation, or puts a child before its
+            parent.
+    """
+    index = torch.as_tensor(order, dtype=torch.long).cpu()
+    n = tree.num_nodes
+    if index.shape != (n,) or not torch.equal(torch.sort(index).values, torch.arange(n)):
+        raise TreeStructureError(
+            f"`order` must be a permutation of the {n} node indices; got {index.tolist()}."
+        )
+    new_of_old = torch.empty(n, dtype=torch.long)
+    new_of_old[index] = torch.arange(n)
+    old_parents = tree.parents[index]
+    parents = torch.where(old_parents >= 0, new_of_old[old_parents.clamp(min=0)], -1)
+    if bool((parents >= torch.arange(n)).any()):
+        raise TreeStructureError(
+            "`order` must keep every parent before its children (a topological order)."
+        )
+    laws = (tree.laws[0], *(tree.laws[i + 1] for i in index.tolist()))
+    return DraftTree(tree.tokens[index], parents, laws)

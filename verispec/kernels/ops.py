@@ -1,0 +1,491 @@
+"""Host wrappers of the kernels: validate, allocate, build the grid, dispatch.
+
+Every function here runs its Triton kernel on CUDA (or under Triton's interpreter
+when forced) and its PyTorch twin from :mod:`verispec.kernels.reference`
+elsewhere; :mod:`verispec.kernels.backend` makes the choice and explains it when a
+forced kernel cannot run (:class:`~verispec.errors.KernelUnavailableError`).
+Results stay on the device: the verification functions return a packed int64
+tensor (``[num_accepted, extra_token, path..., -1...]``) and only
+:func:`unpack_verdict` syncs, once.
+
+Shape glossary: B batch, N tree nodes, V vocabulary, S prefix, H heads, D head dim,
+K candidates per token.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from verispec.core.tree import IID, Deterministic, DraftTree, WithoutReplacement
+from verispec.core.types import Verdict
+from verispec.errors import TreeStructureError
+from verispec.kernels import reference
+from verispec.kernels.backend import choose, interpreting, kernel_module
+from verispec.kernels.block_order import block_states
+
+__all__ = [
+    "compact_kv",
+    "expand_template",
+    "greedy_verify",
+    "greedy_verify_packed",
+    "law_tensors",
+    "rejection_verify",
+    "rejection_verify_packed",
+    "tree_attention",
+    "tree_csr",
+    "unpack_verdict",
+    "update_adjacency",
+]
+
+_ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _pow2(n: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, n - 1).bit_length())
+
+
+def _fail(message: str) -> TreeStructureError:
+    return TreeStructureError(message)
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host metadata to ``device`` without a stream synchronisation."""
+    return t.to(device, non_blocking=True)
+
+
+# -- tree attention ---------------------------------------------------------------------
+
+
+def _as_4d(t: torch.Tensor, name: str) -> torch.Tensor:
+    if t.dim() == 3:
+        return t[None]
+    if t.dim() != 4:
+        raise _fail(f"`{name}` must have shape (H, L, D) or (B, H, L, D); got {tuple(t.shape)}.")
+    return t
+
+
+def _mask_3d(mask: torch.Tensor, name: str, rows: int, cols: int) -> torch.Tensor:
+    mask = mask[None] if mask.dim() == 2 else mask
+    if mask.dim() != 3 or tuple(mask.shape[1:]) != (rows, cols) or mask.dtype != torch.bool:
+        raise _fail(
+            f"`{name}` must be a bool tensor of shape ({rows}, {cols}) or (B, {rows}, {cols}); "
+            f"got {mask.dtype} {tuple(mask.shape)}."
+        )
+    return mask
+
+
+def attention_blocks(num_nodes: int, head_dim: int) -> tuple[int, int]:
+    """Default (BLOCK_M, BLOCK_N) of tree attention for N queries of head dim D."""
+    if interpreting():
+        return 16, 16  # the interpreter's cost grows with the tile, not the launch count
+    block_m = 16 if num_nodes <= 16 else 32 if num_nodes <= 64 else 64
+    return block_m, 64 if head_dim <= 64 else 32
+
+
+def tree_attention(
+    query: torch.Tensor,
+    prefix_key: torch.Tensor,
+    prefix_value: torch.Tensor,
+    tree_key: torch.Tensor,
+    tree_value: torch.Tensor,
+    tree_mask: torch.Tensor,
+    *,
+    prefix_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Attention of N tree queries over a prefix plus the tree (ancestor mask), GQA.
+
+    Args:
+        query: float16/bfloat16/float32/float64, Shape: (H, N, D) or (B, H, N, D).
+        prefix_key, prefix_value: Shape: (H_kv, S, D) or (B, H_kv, S, D); S may be 0.
+            H must be a multiple of H_kv.
+        tree_key, tree_value: Shape: (H_kv, N, D) or (B, H_kv, N, D).
+        tree_mask: bool, Shape: (N, N) or (B, N, N); True where query i sees tree key j
+            (``DraftTree.ancestor_mask``). Tiles it leaves empty are skipped.
+        prefix_mask: bool, Shape: (N, S) or (B, N, S); ``None`` means all visible.
+        scale: score scale, ``D ** -0.5`` by default.
+        block_m, block_n: tile sizes of the Triton kernel (powers of two >= 16).
+
+    Returns:
+        ``query``'s dtype and shape. A query that sees no key gets zeros.
+    """
+    squeeze = query.dim() == 3
+    q = _as_4d(query, "query")
+    kp, vp = _as_4d(prefix_key, "prefix_key"), _as_4d(prefix_value, "prefix_value")
+    kt, vt = _as_4d(tree_key, "tree_key"), _as_4d(tree_value, "tree_value")
+    _batch, heads, n, d = q.shape
+    kv_heads, s = kp.shape[1], kp.shape[2]
+    if q.dtype not in _ATTENTION_DTYPES or any(t.dtype != q.dtype for t in (kp, vp, kt, vt)):
+        raise _fail(f"tensors must share one dtype among {_ATTENTION_DTYPES}; query is {q.dtype}.")
+    if kv_heads == 0 or heads % kv_heads or tuple(kt.shape[1:]) != (kv_heads, n, d):
+        raise _fail(
+            f"`tree_key` must have shape (B, H_kv, N, D) = (B, H_kv, {n}, {d}) with H = {heads} "
+            f"a multiple of H_kv; got {tuple(kt.shape)}."
+        )
+    if (
+        tuple(vt.shape) != tuple(kt.shape)
+        or tuple(vp.shape) != tuple(kp.shape)
+        or kp.shape[-1] != d
+    ):
+        raise _fail("keys and values must have matching shapes (B, H_kv, L, D).")
+    tmask = _mask_3d(tree_mask.to(q.device), "tree_mask", n, n)
+    pmask = None if prefix_mask is None else _mask_3d(prefix_mask.to(q.device), "prefix_mask", n, s)
+    if choose(q.device, "tree attention") == "reference":
+        out = reference.tree_attention(q, kp, vp, kt, vt, tmask, pmask, scale)
+    else:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        if n:
+            launch_tree_attention(
+                q, kp, vp, kt, vt, tmask, pmask, out, scale, block_m=block_m, block_n=block_n
+            )
+    return out[0] if squeeze else out
+
+
+def launch_tree_attention(
+    q: torch.Tensor,
+    kp: torch.Tensor,
+    vp: torch.Tensor,
+    kt: torch.Tensor,
+    vt: torch.Tensor,
+    tmask: torch.Tensor,
+    pmask: torch.Tensor | None,
+    out: torch.Tensor,
+    scale: float | None,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    states: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+) -> None:
+    """Run the Triton kernel on validated 4-D tensors; writes ``out`` (B, H, N, D) (any strides).
+
+    ``states``: precomputed ``(tree_states, prefix_states)`` tile tables for these
+    block sizes (the HF integration caches them across layers).
+    """
+    import triton.language as tl
+
+    module = kernel_module("tree_attention")
+    batch, heads, n, d = q.shape
+    default_m, default_n = attention_blocks(n, d)
+    bm, bn = block_m or default_m, block_n or default_n
+    if states is None:
+        states = (
+            block_states(tmask, bm, bn),
+            None if pmask is None else block_states(pmask, bm, bn),
+        )
+    tstates, pstates = states
+    tmask_u8 = tmask.view(torch.uint8)
+    pmask_u8 = tmask_u8 if pmask is None else pmask.view(torch.uint8)
+    pstates_t = tstates if pstates is None else pstates
+
+    def bstride(t: torch.Tensor) -> int:  # broadcast a batch of one
+        return 0 if t.shape[0] == 1 else t.stride(0)
+
+    fp64 = q.dtype == torch.float64
+    grid = (triton_cdiv(n, bm), heads, batch)
+    module.tree_attention_kernel[grid](
+        q, kp, vp, kt, vt, out, tmask_u8, pmask_u8, tstates, pstates_t,
+        *q.stride(), *kp.stride(), *vp.stride(), *kt.stride(), *vt.stride(), *out.stride(),
+        bstride(tmask_u8), tmask_u8.stride(1), tmask_u8.stride(2),
+        bstride(pmask_u8), pmask_u8.stride(1), pmask_u8.stride(2),
+        bstride(tstates), tstates.stride(1), tstates.stride(2),
+        bstride(pstates_t), pstates_t.stride(1), pstates_t.stride(2),
+        n, kp.shape[2], heads // kp.shape[1], d**-0.5 if scale is None else scale,
+        HEAD_DIM=d, HAS_PREFIX_MASK=pmask is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_pow2(d, 16),
+        UPCAST=interpreting() and q.dtype == torch.bfloat16,
+        PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
+        ACC_DTYPE=tl.float64 if fp64 else tl.float32,
+    )  # fmt: skip
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# -- tree structure and verdicts --------------------------------------------------------
+
+
+def tree_csr(tree: DraftTree, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``(tokens, child_ptr, child_idx)`` on ``device`` and the largest child count (host)."""
+    child_ptr, child_idx = reference.children_csr(tree.parents)
+    return _to(tree.tokens, device), _to(child_ptr, device), _to(child_idx, device)
+
+
+def _max_children(tree: DraftTree) -> int:
+    return max((len(kids) for kids in tree.children), default=0)
+
+
+def unpack_verdict(packed: torch.Tensor) -> Verdict:
+    """Turn a packed verdict ``[num_accepted, extra_token, path...]`` into a Verdict (one sync)."""
+    values = packed.tolist()
+    return Verdict(tuple(values[2 : 2 + values[0]]), int(values[1]))
+
+
+def _check_rows(tree: DraftTree, rows: torch.Tensor, name: str) -> None:
+    if rows.dim() != 2 or rows.shape[0] != tree.num_nodes + 1 or not rows.is_floating_point():
+        raise _fail(
+            f"`{name}` must be a float tensor of shape (N + 1, V) = ({tree.num_nodes + 1}, V); "
+            f"got {rows.dtype} {tuple(rows.shape)}."
+        )
+    if tree.num_nodes and int(tree.tokens.max()) >= rows.shape[1]:
+        raise _fail(f"tree tokens must be < V = {rows.shape[1]}; got {int(tree.tokens.max())}.")
+
+
+# -- greedy verification ----------------------------------------------------------------
+
+
+def greedy_verify_packed(
+    target_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    child_ptr: torch.Tensor,
+    child_idx: torch.Tensor,
+    max_children: int,
+) -> torch.Tensor:
+    """Greedy verification on device tensors (no host sync); int64 packed verdict (N + 2,)."""
+    if choose(target_logits.device, "greedy verification") == "reference":
+        return reference.greedy_verify(target_logits, tokens, child_ptr, child_idx)
+    import triton.language as tl
+
+    module = kernel_module("greedy_verify")
+    rows, vocab = target_logits.shape
+    best = torch.empty(rows, dtype=torch.long, device=target_logits.device)
+    block_v = min(1024, _pow2(vocab, 16)) if not interpreting() else min(256, _pow2(vocab, 16))
+    acc = tl.float64 if target_logits.dtype == torch.float64 else tl.float32
+    module.row_argmax_kernel[(rows,)](
+        target_logits, best, vocab, *target_logits.stride(), BLOCK_V=block_v, ACC_DTYPE=acc
+    )
+    out = torch.full((tokens.numel() + 2,), -1, dtype=torch.long, device=target_logits.device)
+    module.greedy_verify_kernel[(1,)](
+        best, tokens, child_ptr, child_idx, out, BLOCK_C=_pow2(max_children, 2)
+    )
+    return out
+
+
+def greedy_verify(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
+    """``verispec.verifiers.Greedy``'s verdict, computed by the kernels (one host sync).
+
+    Args:
+        target_logits: float, Shape: (N + 1, V). Row 0 the root, row i + 1 node i.
+    """
+    _check_rows(tree, target_logits, "target_logits")
+    tokens, child_ptr, child_idx = tree_csr(tree, target_logits.device)
+    return unpack_verdict(
+        greedy_verify_packed(target_logits, tokens, child_ptr, child_idx, _max_children(tree))
+    )
+
+
+# -- recursive rejection verification ---------------------------------------------------
+
+
+def law_tensors(
+    tree: DraftTree, vocab_size: int, device: torch.device, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(law_codes (N + 1,), draft_row (N + 1,), draft_probs (M, V))`` for the kernels.
+
+    Raises:
+        TreeStructureError: a row with children has no law, or a draft has the wrong shape.
+    """
+    codes: list[int] = []
+    rows: list[int] = []
+    drafts: list[torch.Tensor] = []
+    for row, law in enumerate(tree.laws):
+        has_children = bool(tree.children[row])
+        if law is None or not has_children:
+            if has_children:
+                raise _fail(f"row {row} has children but no proposal law.")
+            codes.append(0)
+            rows.append(0)
+        elif isinstance(law, Deterministic):
+            codes.append(reference.DETERMINISTIC_CODE)
+            rows.append(0)
+        elif isinstance(law, IID | WithoutReplacement):
+            if law.draft_probs.shape != (vocab_size,):
+                raise _fail(
+                    f"`draft_probs` of row {row} must have shape ({vocab_size},); "
+                    f"got {tuple(law.draft_probs.shape)}."
+                )
+            codes.append(
+                reference.IID_CODE if isinstance(law, IID) else reference.WITHOUT_REPLACEMENT_CODE
+            )
+            rows.append(len(drafts))
+            drafts.append(law.draft_probs.to(device=device, dtype=dtype))
+    stacked = (
+        torch.stack(drafts) if drafts else torch.zeros(1, vocab_size, dtype=dtype, device=device)
+    )
+    codes_t = _to(torch.tensor(codes, dtype=torch.long), device)
+    return codes_t, _to(torch.tensor(rows, dtype=torch.long), device), stacked
+
+
+def rejection_verify_packed(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_row: torch.Tensor,
+    law_codes: torch.Tensor,
+    tokens: torch.Tensor,
+    child_ptr: torch.Tensor,
+    child_idx: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """Recursive rejection verification on device tensors (no host sync); packed (N + 2,).
+
+    Arguments as :func:`verispec.kernels.reference.rejection_verify`.
+    """
+    if choose(target_probs.device, "rejection verification") == "reference":
+        return reference.rejection_verify(
+            target_probs, draft_probs, draft_row, law_codes, tokens, child_ptr, child_idx, uniforms
+        )
+    module = kernel_module("rejection_verify")
+    vocab = target_probs.shape[1]
+    device = target_probs.device
+    scratch = torch.empty(2, vocab, dtype=torch.long, device=device)
+    out = torch.full((tokens.numel() + 2,), -1, dtype=torch.long, device=device)
+    block_v = min(256 if interpreting() else 1024, _pow2(vocab, 16))
+    module.rejection_verify_kernel[(1,)](
+        target_probs, draft_probs, draft_row, law_codes, tokens, child_ptr, child_idx,
+        uniforms.to(device=device, dtype=torch.float64), scratch[0], scratch[1], out,
+        tokens.numel(), vocab, *target_probs.stride(), *draft_probs.stride(),
+        BLOCK_V=block_v,
+    )  # fmt: skip
+    return out
+
+
+def rejection_verify(
+    tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor
+) -> Verdict:
+    """Recursive rejection sampling over ``tree`` with given draws (one host sync).
+
+    Args:
+        target_probs: float, Shape: (N + 1, V). Processed target distribution of each row.
+        uniforms: float64, Shape: (N + 1,). Coin of node i at i; the extra token's at N.
+    """
+    _check_rows(tree, target_probs, "target_probs")
+    if uniforms.shape != (tree.num_nodes + 1,):
+        raise _fail(
+            f"`uniforms` must have shape ({tree.num_nodes + 1},); got {tuple(uniforms.shape)}."
+        )
+    device = target_probs.device
+    codes, rows, drafts = law_tensors(tree, target_probs.shape[1], device)
+    tokens, child_ptr, child_idx = tree_csr(tree, device)
+    packed = rejection_verify_packed(
+        target_probs, drafts, rows, codes, tokens, child_ptr, child_idx, _to(uniforms, device)
+    )
+    return unpack_verdict(packed)
+
+
+# -- Token Recycling --------------------------------------------------------------------
+
+
+def expand_template(
+    adjacency: torch.Tensor,
+    root: int,
+    parents: torch.Tensor,
+    slots: torch.Tensor,
+    level_starts: Sequence[int],
+) -> torch.Tensor:
+    """Token Recycling's breadth-first template expansion; int64 (N + 1,), row 0 the root.
+
+    Arguments as :func:`verispec.kernels.reference.expand_template` (``TreeTemplate``'s
+    ``parents``, ``slots`` and ``level_starts``).
+    """
+    if adjacency.dim() != 2 or adjacency.dtype not in (torch.int32, torch.int64):
+        raise _fail(f"`adjacency` must be int32/int64 of shape (V, K); got {adjacency.dtype}.")
+    if parents.shape != slots.shape or int(level_starts[-1]) != parents.numel():
+        raise _fail("`parents`, `slots` and `level_starts` must describe the same N nodes.")
+    device = adjacency.device
+    if choose(device, "Token Recycling expansion") == "reference":
+        return reference.expand_template(adjacency, root, parents, slots, level_starts)
+    module = kernel_module("token_recycling")
+    n = parents.numel()
+    out = torch.empty(n + 1, dtype=torch.long, device=device)
+    levels = _to(torch.tensor(list(level_starts), dtype=torch.long), device)
+    widest = max((b - a for a, b in itertools.pairwise(level_starts)), default=1)
+    module.token_recycling_kernel[(1,)](
+        adjacency, _to(parents, device), _to(slots, device), levels, out,
+        int(root), len(level_starts) - 1, adjacency.shape[0], *adjacency.stride(),
+        BLOCK=min(_pow2(widest, 16), 256),
+    )  # fmt: skip
+    return out
+
+
+def update_adjacency(
+    adjacency: torch.Tensor, row_tokens: torch.Tensor, topk_ids: torch.Tensor
+) -> None:
+    """Token Recycling's row update, in place: ``adjacency[row_tokens[i]] = topk_ids[i]``.
+
+    A token at several rows keeps its last row's ids. ``row_tokens``: int64 (M,);
+    ``topk_ids``: integer (M, K) with K = ``adjacency.shape[1]``.
+    """
+    if topk_ids.dim() != 2 or topk_ids.shape != (row_tokens.numel(), adjacency.shape[1]):
+        raise _fail(
+            f"`topk_ids` must have shape (M, K) = ({row_tokens.numel()}, {adjacency.shape[1]}); "
+            f"got {tuple(topk_ids.shape)}."
+        )
+    device = adjacency.device
+    rows, topk = row_tokens.to(device), topk_ids.to(device)
+    if choose(device, "Token Recycling update") == "reference":
+        reference.update_adjacency(adjacency, rows, topk)
+        return
+    module = kernel_module("token_recycling")
+    m = rows.numel()
+    block_r = 16 if interpreting() else 64
+    module.adjacency_update_kernel[(triton_cdiv(m, block_r),)](
+        adjacency, rows, topk, m, adjacency.shape[1], *adjacency.stride(), *topk.stride(),
+        BLOCK_R=block_r, BLOCK_K=_pow2(adjacency.shape[1], 2),
+    )  # fmt: skip
+
+
+# -- KV compaction ----------------------------------------------------------------------
+
+
+def compact_kv(
+    caches: Sequence[torch.Tensor] | torch.Tensor, start: int, source: torch.Tensor
+) -> None:
+    """Entries ``start + j`` become copies of entries ``source[j]`` in every cache, in place.
+
+    Args:
+        caches: tensors of Shape: (..., L, D) (per-layer keys and values, or a stacked
+            tensor), all on one device. One launch per group of equal dtype/shape/strides.
+        start: first destination position; ``source[j] >= start + j`` is not required.
+        source: int64, Shape: (n,).
+    """
+    tensors = [caches] if isinstance(caches, torch.Tensor) else list(caches)
+    if not tensors or source.numel() == 0:
+        return
+    device = tensors[0].device
+    source = source.to(device=device, dtype=torch.long)
+    for t in tensors:
+        if t.device != device or t.dim() < 2 or start + source.numel() > t.shape[-2]:
+            raise _fail(
+                f"caches must be (..., L, D) tensors on one device with L >= start + n = "
+                f"{start + source.numel()}; got {tuple(t.shape)} on {t.device}."
+            )
+    if choose(device, "KV compaction") == "reference":
+        reference.compact_kv(tensors, start, source)
+        return
+    module = kernel_module("kv_compaction")
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for t in tensors:
+        try:
+            flat = t.view(-1, t.shape[-2], t.shape[-1])
+        except RuntimeError:  # leading dims not flattenable: copy it the reference way
+            reference.compact_kv([t], start, source)
+            continue
+        groups.setdefault((flat.dtype, tuple(flat.shape), flat.stride()), []).append(flat)
+    for flats in groups.values():
+        base = flats[0]
+        size = base.element_size()
+        offsets = [(f.data_ptr() - base.data_ptr()) // size for f in flats]
+        delta = _to(torch.tensor(offsets, dtype=torch.long), device)
+        d = base.shape[-1]
+        block_d = min(_pow2(d, 16), 128)
+        grid = (len(flats), base.shape[0], triton_cdiv(d, block_d))
+        module.kv_compaction_kernel[grid](
+            base, delta, source, start, source.numel(), d, *base.stride(),
+            BLOCK_N=_pow2(source.numel(), 2), BLOCK_D=block_d,
+        )  # fmt: skip
