@@ -3,8 +3,12 @@
 Xiong et al., "DySpec: Faster Speculative Decoding with Dynamic Token Tree Structure"
 (ICLR 2025 submission). A *slot* ``(v, parent, R)`` is a place where the next child of
 ``parent`` can be drawn from ``R``, the parent's draft distribution with the children
-drawn so far removed and renormalised; ``v`` estimates the probability that the slot's
-child is accepted. The root's slot is ``(1, root, p_root)``.
+drawn so far removed and renormalised. ``v`` is the paper's estimated acceptance rate of
+the node the slot will produce: the product of the draft probabilities of its ancestors
+times one minus the draft mass of its earlier siblings (eq. 2 with each token's
+acceptance estimated by its draft probability: the chance that verification reaches the
+slot). It is known before the token is drawn, so whether a draw is kept never depends on
+which token it is. The root's slot is ``(1, root, p_root)``.
 
 **Algorithm 1 (fixed size, ``budget=m``).** Keep a max-heap of slots. Pop the best
 slot, draw ``y ~ R``, add node ``y`` under ``parent``, push the *sibling* slot
@@ -34,10 +38,12 @@ call (the draft protocol feeds a suffix of the node list), and the draw order of
 newly fed row is computed in one batched ``topk``. So the draft is called at most once
 per pop and, in practice, about once per tree level.
 
-Node value ``v R[y] = w_parent p(y)``: the product of the draft probabilities along the
-path (the expected-accepted-length proxy of the paper's eq. 11 and appendix D, where the
-tree that maximises the sum of node values among all trees of ``m`` nodes is the greedy
-one; ``proofs_tests/drafters/test_dyspec.py`` checks that by enumeration).
+Optimality (the paper's appendix D): child and sibling slots never have more value than
+the slot that made them, so the greedy tree holds the ``m`` largest reachable values and
+maximises ``F(T) = sum of v over the nodes`` among all trees of ``m`` nodes.
+``proofs_tests/drafters/test_dyspec.py`` checks this by enumeration for the
+expected-value (temperature-0) variant. It does *not* maximise the sum of the nodes' own
+acceptance estimates ``v R[y]``; the same enumeration finds counterexamples.
 """
 
 from __future__ import annotations
@@ -75,9 +81,9 @@ class DySpec(DraftModelDrafter):
         max_depth: optional cap on the depth of the tree.
 
     Attributes:
-        node_values: after ``propose``, the value ``w_parent p(y)`` of each node (node order).
-        slot_values: after ``propose``, the value ``v`` of each expanded slot, in the
-            order expanded (Algorithm 1: pop order, non-increasing).
+        node_values: after ``propose``, each node's estimated acceptance rate: the value
+            ``v`` of the slot it was drawn from (node order; for Algorithm 1 that is pop
+            order, and the values never increase).
         next_slot_value: after Algorithm 1, the best value left in the heap (0 if none).
     """
 
@@ -105,7 +111,6 @@ class DySpec(DraftModelDrafter):
         self.budget = positive_int("budget", budget)
         self.max_depth = None if max_depth is None else positive_int("max_depth", max_depth)
         self.node_values: list[float] = []
-        self.slot_values: list[float] = []
         self.next_slot_value = 0.0
         # how a row's draw order is made: Gumbel keys (replaceable in tests)
         self._keys: Callable[[torch.Tensor, torch.Generator], torch.Tensor] = gumbel_keys
@@ -123,7 +128,7 @@ class DySpec(DraftModelDrafter):
         self._orders: dict[int, tuple[list[int], list[float]]] = {}  # row -> draws, their p
         self._laws: dict[int, ProposalLaw] = {}
         self._depth: list[int] = []  # depth of each node
-        self.node_values, self.slot_values, self.next_slot_value = [], [], 0.0
+        self.node_values, self.next_slot_value = [], 0.0
         logits = self.score_root()[None]  # (1, V)
         self._generator = draft_generator(state, logits.device)
         self._add_orders([0], logits)
@@ -169,7 +174,7 @@ class DySpec(DraftModelDrafter):
 
     def propose(self, state: DecodeState) -> DraftTree:
         limit = self.node_limit(state, self.budget)
-        self.node_values, self.slot_values, self.next_slot_value = [], [], 0.0
+        self.node_values, self.next_slot_value = [], 0.0
         if limit == 0:
             return DraftTree.empty()
         self._start(state, limit)
@@ -195,9 +200,8 @@ class DySpec(DraftModelDrafter):
             if drawn >= len(draws):
                 continue  # the residual has no mass left: the slot's value is 0
             token, p = draws[drawn], probs[drawn]
-            self.slot_values.append(v)
             child_value = w * p  # = v * R[y]
-            new_row = self._add_node(token, row, child_value)
+            new_row = self._add_node(token, row, v)
             count += 1
             mass_left = max(mass_left - p, 0.0)
             sibling_value = w * mass_left  # = v * (1 - R[y])
@@ -221,9 +225,8 @@ class DySpec(DraftModelDrafter):
                 v, drawn, mass_left = w, 0, 1.0
                 while v > threshold and drawn < len(draws) and count < self._limit:
                     token, p = draws[drawn], probs[drawn]
-                    self.slot_values.append(v)
                     child_value = w * p
-                    new_row = self._add_node(token, row, child_value)
+                    new_row = self._add_node(token, row, v)
                     count += 1
                     if child_value > threshold and self._can_have_children(new_row):
                         next_level.append((new_row, child_value))
