@@ -105,9 +105,9 @@ class HFModel:
         max_length: int | None = None,
         layers: int | Sequence[int] | None = None,
     ) -> None:
+        self._decoder = _decoder(hf_model)
         self.hf_model = hf_model.eval()
         self.config = hf_model.config
-        self._decoder = _decoder(hf_model)
         self._lm_head = hf_model.get_output_embeddings()
         attention = getattr(self.config, "_attn_implementation", None) or "eager"
         if attention not in _SUPPORTED_ATTENTION:
@@ -135,6 +135,8 @@ class HFModel:
             self.eos_token_id = getattr(self.config, "eos_token_id", None)
         param = next(hf_model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        half = self.dtype in (torch.float16, torch.bfloat16)
+        self._logits_dtype = torch.float32 if half else self.dtype
         self._cache = TreeKVCache(num_layers, max_capacity=self.max_length)
         self._cached = 0  # entries in the cache that belong to committed tokens
         self._pending: list[int] = []
@@ -262,31 +264,31 @@ class HFModel:
     def commit(self, accepted: Sequence[int], extra_token: int) -> None:
         """Keep the pending tokens and the ``accepted`` nodes of the last scored tree.
 
-        The accepted nodes that were fed keep their KV entries (gathered into place, so
-        a side branch works); those beyond what was fed become pending, then
-        ``extra_token``.
+        ``accepted`` is a root-to-node path of the tree given to the last ``forward_tree``
+        call (all of whose nodes were fed). Their KV entries are gathered into place
+        right after the pending tokens' (so a side branch leaves the cache exactly as
+        sequential decoding would); only the accepted entries move, and none when the
+        path is the tree's first nodes in order. ``extra_token`` becomes pending. With no
+        tree scored since the last commit, ``accepted`` must be empty and ``extra_token``
+        joins the pending tokens.
         """
         if not self._pending:
             raise ConfigError("`commit` needs a sequence; call `prefill(ids)` first.")
-        accepted = [int(a) for a in accepted]
-        if accepted:
-            self._check_path(accepted)
+        path = [int(a) for a in accepted]
+        if path:
+            self._check_path(path)
         self._check_tokens(torch.tensor([int(extra_token)]), "extra token")
-        tree = self._tree
-        fed_path = [a for a in accepted if a < self._fed]
-        unfed = [int(tree.tokens[a]) for a in accepted[len(fed_path) :]] if tree else []
         if self._pending_fed:
             base = self._cached + self._pending_fed
-            if fed_path != list(range(len(fed_path))):
-                source = torch.tensor(fed_path, dtype=torch.long) + base
+            if path != list(range(len(path))):
+                source = torch.tensor(path, dtype=torch.long) + base
                 self._cache.compact(base, source.to(self.device, non_blocking=True))
             else:
-                self._cache.truncate(base + len(fed_path))
-            self._cached = base + len(fed_path)
-            self._pending = []
+                self._cache.truncate(base + len(path))
+            self._cached = base + len(path)
+            self._pending = [int(extra_token)]
         else:
-            self._cache.truncate(self._cached)
-        self._pending = [*self._pending, *unfed, int(extra_token)]
+            self._pending = [*self._pending, int(extra_token)]
         self._tree = None
         self._fed = self._pending_fed = 0
 
@@ -387,6 +389,8 @@ class HFModel:
 
         ``keep_rows=None`` keeps every row; ``0`` skips the LM head (prefill).
         """
+        if tokens.numel() == 0:  # nothing to feed (extend_from == N)
+            return torch.empty((0, self.vocab_size), dtype=self._logits_dtype, device=self.device)
         ids = tokens.to(self.device, non_blocking=True)[None]  # (1, Q)
         position_ids = positions.to(self.device, non_blocking=True)[None]  # (1, Q)
         mask = self._attention_mask(tail_mask, kv_offset)
@@ -406,9 +410,7 @@ class HFModel:
         if keep_rows is not None:
             hidden = hidden[:, hidden.shape[1] - keep_rows :]
         logits = self._lm_head(self._decoder.norm(hidden))[0]  # (rows, V)
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
-        return logits
+        return logits.to(self._logits_dtype)
 
     def __repr__(self) -> str:
         return (
