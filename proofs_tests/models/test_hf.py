@@ -287,3 +287,20 @@ def test_rejects_unsupported_models() -> None:
     model.config._attn_implementation = "flex_attention"
     with pytest.raises(ConfigError, match="sdpa"):
         HFModel(model)
+
+
+@pytest.mark.filterwarnings("ignore:verispec tree attention falls back")
+def test_verispec_attention_implementation() -> None:
+    """With transformers switched to the "verispec" attention function (sdpa fallback on CPU,
+    Triton tree attention on CUDA), tree forward still equals sequential forward."""
+    from verispec.kernels.hf_attention import enable
+
+    model = tiny_llama(vocab_size=V, seed=4)
+    enable(model.hf_model)
+    model = HFModel(model.hf_model)
+    tree = DraftTree.from_parents([4, 5, 6, 7, 8], [-1, -1, 0, 1, 1])
+    prompt = [9, 10, 11]
+    model.prefill(torch.tensor(prompt))
+    logits = model.forward_tree(tree)
+    model.hf_model.set_attn_implementation("sdpa")
+    assert (logits - tree_reference(model, prompt, tree)).abs().max().item() < EXACT

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from verispec.kernels.ops import compact_kv
+
 __all__ = ["TreeKVCache"]
 
 
@@ -78,16 +80,11 @@ class _BufferLayer(DynamicLayer):
             self.keys = self._key_buffer[:, :, : self.length]
             self.values = self._value_buffer[:, :, : self.length]
 
-    def gather_tail(self, start: int, source: torch.Tensor) -> None:
-        """Make entries ``start + i`` copies of entries ``source[i]``; length ``start + len``."""
-        if self._key_buffer is None:
-            return
-        assert self._value_buffer is not None
-        end = start + source.numel()
-        # Advanced indexing copies before the write, so overlapping ranges are safe.
-        self._key_buffer[:, :, start:end] = self._key_buffer[:, :, source]
-        self._value_buffer[:, :, start:end] = self._value_buffer[:, :, source]
-        self.truncate(end)
+    def buffers(self) -> list[torch.Tensor]:
+        """The key and value buffers (Shape: (1, H, capacity, D)); empty before any update."""
+        if self._key_buffer is None or self._value_buffer is None:
+            return []
+        return [self._key_buffer, self._value_buffer]
 
     def reset(self) -> None:
         self.length = 0
@@ -128,9 +125,11 @@ class TreeKVCache(Cache):
 
         Only ``len(source)`` entries per layer move: the accepted path of a tree.
         """
+        buffers = [buffer for layer in self.buffer_layers for buffer in layer.buffers()]
         with torch.inference_mode():
-            for layer in self.buffer_layers:
-                layer.gather_tail(start, source)
+            # One Triton launch for every layer on CUDA; index_select + copy elsewhere.
+            compact_kv(buffers, start, source)
+        self.truncate(start + source.numel())
 
     def reset(self) -> None:
         for layer in self.buffer_layers:

@@ -34,7 +34,7 @@ from verispec.models._cache import TreeKVCache
 
 __all__ = ["HFModel"]
 
-_SUPPORTED_ATTENTION = ("sdpa", "eager")
+_SUPPORTED_ATTENTION = ("sdpa", "eager", "verispec")
 
 
 def _decoder(hf_model: Any) -> Any:
@@ -81,7 +81,9 @@ class HFModel:
 
     Args:
         hf_model: a ``transformers`` causal LM (``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
-            ``MistralForCausalLM``...) with ``sdpa`` or ``eager`` attention.
+            ``MistralForCausalLM``...) with ``sdpa``, ``eager`` or ``verispec`` attention
+            (the Triton tree attention of :mod:`verispec.kernels.hf_attention`; enable it
+            with ``verispec.kernels.hf_attention.enable(hf_model)``).
         max_length: cap on the context (prompt plus generated plus tree); defaults to
             ``max_position_embeddings`` (or the sliding window, if smaller: no sliding
             window is applied).
@@ -115,7 +117,6 @@ class HFModel:
                 f"attention implementation must be one of {_SUPPORTED_ATTENTION}; got "
                 f"{attention!r}. Load the model with attn_implementation='sdpa'."
             )
-        self._boolean_mask = attention == "sdpa"
         num_layers = len(self._decoder.layers)
         self.layer_indices = _layer_indices(layers, num_layers)
         self._layers = [self._decoder.layers[i] for i in self.layer_indices]
@@ -370,7 +371,7 @@ class HFModel:
             head = torch.ones(queries, kv_offset, dtype=torch.bool, device=self.device)
             tail = torch.cat([head, tail], dim=1)
         mask = tail[None, None]
-        if self._boolean_mask:
+        if self.config._attn_implementation != "eager":  # sdpa, verispec: boolean masks
             return mask
         additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
         return additive.masked_fill_(~mask, torch.finfo(self.dtype).min)

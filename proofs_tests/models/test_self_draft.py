@@ -1,0 +1,100 @@
+"""Tests of verispec/models/self_draft.py: a layer subset of the target as its draft model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tree_reference
+
+from verispec.core.tree import DraftTree
+from verispec.errors import ConfigError, IncompatibleModelsError
+from verispec.models import HFModel, check_compatible, self_draft, tiny_llama
+
+EXACT = 1e-9
+V = 64
+
+
+@pytest.fixture(scope="module")
+def target() -> HFModel:
+    return tiny_llama(vocab_size=V, num_layers=4, seed=2)
+
+
+def _tree() -> DraftTree:
+    return DraftTree.from_parents([3, 4, 5, 6, 7], [-1, -1, 0, 0, 2])
+
+
+def _logits(model: HFModel, prompt: list[int], tree: DraftTree) -> torch.Tensor:
+    model.prefill(torch.tensor(prompt))
+    return model.forward_tree(tree)
+
+
+def test_all_layers_equal_the_target(target: HFModel) -> None:
+    """A self-draft over every layer returns exactly the target's logits."""
+    draft = self_draft(target, target.num_layers)
+    prompt = [1, 2, 3, 4]
+    assert torch.equal(_logits(draft, prompt, _tree()), _logits(target, prompt, _tree()))
+    listed = self_draft(target, [0, 1, 2, 3])
+    assert torch.equal(_logits(listed, prompt, _tree()), _logits(target, prompt, _tree()))
+
+
+def test_fewer_layers_share_storage_and_differ(target: HFModel) -> None:
+    """A two-layer self-draft shares the target's parameter storage, keeps its own cache, and
+    scores trees like a sequential run of its layers."""
+    draft = target.self_draft(2)
+    assert draft.layer_indices == (0, 1)
+    assert draft.hf_model is target.hf_model
+    for name, param in draft.hf_model.named_parameters():
+        assert param.data_ptr() == dict(target.hf_model.named_parameters())[name].data_ptr()
+    prompt = [5, 6, 7]
+    draft_logits = _logits(draft, prompt, _tree())
+    target_logits = _logits(target, prompt, _tree())
+    assert draft_logits.shape == target_logits.shape
+    assert not torch.allclose(draft_logits, target_logits)
+    # The reference: transformers' own model cut to the same two layers.
+    two_layers = tiny_llama(vocab_size=V, num_layers=4, seed=2)
+    two_layers.hf_model.model.layers = two_layers.hf_model.model.layers[:2]
+    two_layers.hf_model.config.num_hidden_layers = 2
+    reference = tree_reference(two_layers, prompt, _tree())
+    assert (draft_logits - reference).abs().max().item() < EXACT
+    # separate caches: the draft's state did not move the target's
+    assert target.num_committed == 3 and draft.num_committed == 3
+    draft.commit([0, 2], 9)
+    assert draft.num_committed == 6 and target.num_committed == 3
+
+
+def test_chosen_layer_list_runs(target: HFModel) -> None:
+    """A self-draft over a non-prefix list of layers ([0, 3]) runs and tracks its own cache."""
+    draft = self_draft(target, [0, 3])
+    logits = _logits(draft, [1, 2], _tree())
+    assert logits.shape == (6, V) and torch.isfinite(logits).all()
+    draft.commit([1], 8)
+    assert draft.forward_tree(DraftTree.empty()).shape == (1, V)
+    assert len(draft.kv_cache()) == 2
+
+
+@pytest.mark.parametrize(
+    ("layers", "match"),
+    [
+        (0, "between 1 and"),
+        (5, "between 1 and"),
+        ([], "at least one"),
+        ([0, 4], r"in \[0, 4\)"),
+        ([-1], r"in \[0, 4\)"),
+        ([2, 1], "strictly increasing"),
+        ([1, 1], "strictly increasing"),
+        (True, "int or a sequence"),
+    ],
+)
+def test_bad_layer_subsets(target: HFModel, layers: object, match: str) -> None:
+    """Empty, out-of-range, unordered or repeated layer subsets raise ConfigError."""
+    with pytest.raises(ConfigError, match=match):
+        self_draft(target, layers)  # type: ignore[arg-type]
+
+
+def test_check_compatible(target: HFModel) -> None:
+    """Models with the same logits width pass; different vocabularies raise
+    IncompatibleModelsError."""
+    check_compatible(target, target.self_draft(1))
+    other = tiny_llama(vocab_size=V + 1)
+    with pytest.raises(IncompatibleModelsError, match="vocabulary"):
+        check_compatible(target, other)
