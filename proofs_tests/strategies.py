@@ -146,8 +146,9 @@ def draft_trees(
     return DraftTree.from_parents(tokens, parents, DETERMINISTIC)
 
 
+@st.composite
 def logit_rows(draw: st.DrawFn, rows: int, vocab_size: int) -> torch.Tensor:
-    """float64 logits of Shape: (rows, V), ties and -inf included; use inside st.composite."""
+    """float64 logits of Shape: (rows, V), ties and -inf included, one finite entry a row."""
     values = st.one_of(
         st.floats(-8.0, 8.0, allow_nan=False), st.sampled_from([0.0, 1.0, -math.inf])
     )

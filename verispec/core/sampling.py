@@ -103,16 +103,18 @@ class SamplingParams:
         """
         if not dtype.is_floating_point:
             raise ConfigError(f"`dtype` must be a floating dtype; got {dtype}.")
-        logits = logits.to(dtype)
         # NaN and +inf propagate to the row maximum, and a row of -inf has maximum -inf:
         # one reduction checks all three.
         row_max = logits.amax(-1, keepdim=True)  # (..., 1)
         if not bool(torch.isfinite(row_max).all()):
             raise _non_finite_error(logits)
         if self.is_greedy:
-            out = torch.zeros_like(logits)
+            # argmax in the logits' own precision: casting first could merge near-ties
+            out = torch.zeros(logits.shape, dtype=dtype, device=logits.device)
             out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
             return out
+        logits = logits.to(dtype)
+        row_max = row_max.to(dtype)
         # Shifting by the maximum first keeps every score <= 0, so dividing by a tiny
         # temperature can underflow to -inf but never overflow to +inf (no NaN).
         scores = logits - row_max

@@ -47,6 +47,7 @@ __all__ = [
     "row_acceptance",
     "row_output_law",
     "sample_index",
+    "sample_indices",
     "verdict_distribution",
 ]
 
@@ -316,15 +317,23 @@ def verdict_distribution(
     return out
 
 
-def sample_index(weights: torch.Tensor, uniform: float) -> int:
-    """Inverse-CDF sample from non-negative ``weights`` (Shape: (V,)) with mass > 0.
+def sample_indices(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF samples from non-negative ``weights`` (Shape: (V,)) with mass > 0.
 
-    ``uniform`` is a U(0, 1) draw; the index ``i`` is returned with probability
-    ``weights[i] / weights.sum()`` (CDF accumulated in float64). One host sync.
+    Each U(0, 1) draw in ``uniforms`` (float64, Shape: (S,)) becomes index ``i`` with
+    probability ``weights[i] / weights.sum()`` (CDF accumulated in float64); an index
+    of weight 0 is never returned. Returns int64, Shape: (S,).
     """
     cdf = weights.cumsum(0, dtype=torch.float64)  # (V,)
-    threshold = (cdf[-1:] * uniform).contiguous()
-    index = int(torch.searchsorted(cdf, threshold, right=True))
-    if index >= weights.numel():  # uniform * total rounded up to total
-        index = int((weights > 0).nonzero()[-1, 0])
-    return index
+    total = cdf[-1:]
+    # u * total can round up to total; keeping the threshold below it keeps the index
+    # on a token of positive weight (cdf only rises there)
+    below_total = torch.nextafter(total, torch.zeros_like(total))
+    thresholds = torch.minimum(uniforms.to(cdf.device) * total, below_total)  # (S,)
+    return torch.searchsorted(cdf, thresholds, right=True)
+
+
+def sample_index(weights: torch.Tensor, uniform: float) -> int:
+    """One inverse-CDF sample; see :func:`sample_indices`. One host sync."""
+    uniforms = torch.tensor([uniform], dtype=torch.float64, device=weights.device)
+    return int(sample_indices(weights, uniforms)[0])

@@ -32,7 +32,7 @@ from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
 from verispec.core.types import Verdict
 from verispec.errors import ConfigError, TreeStructureError
-from verispec.verifiers._rules import RowRejection, check_draft_shape, sample_index
+from verispec.verifiers._rules import RowRejection, check_draft_shape, sample_indices
 
 __all__ = ["RecursiveRejection"]
 
@@ -81,37 +81,83 @@ class RecursiveRejection:
             NonFiniteLogitsError: a row on the walked path has NaN or infinite logits,
                 or a visited draft distribution is not finite.
         """
+        return self.sample_verdicts(tree, target_logits, sampling, generator, 1)[0]
+
+    def sample_verdicts(
+        self,
+        tree: DraftTree,
+        target_logits: torch.Tensor,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+        num_samples: int,
+    ) -> list[Verdict]:
+        """``num_samples`` independent verdicts for one tree; ``verify`` is the case of one.
+
+        Everything that does not depend on the coins (each visited row's target
+        distribution, acceptance probabilities and residual) is computed once, when
+        the first sample needs it, and shared; each sample then costs a few Python
+        comparisons. Used by the sampled audits and to estimate a tree's acceptance.
+        Arguments and errors as :meth:`verify`.
+        """
         n = tree.num_nodes
         self._check(tree, target_logits)
-        # one coin per node (coin i for node i) and one for the extra token
+        # coins[s][i] for node i of sample s; coins[s][n] for its extra token
         coins = torch.rand(
-            n + 1, generator=generator, dtype=torch.float64, device=generator.device
-        ).tolist()
+            num_samples, n + 1, generator=generator, dtype=torch.float64, device=generator.device
+        )
+        coin_rows = coins.tolist()
         tokens = tree.tokens.tolist()
         children = tree.children
-        accepted: list[int] = []
-        row = 0
-        while True:
-            target_probs = sampling.probs(target_logits[row], self.residual_dtype)  # (V,)
-            kids = children[row]
-            if not kids:  # a leaf (or the bare root): the bonus token
-                return Verdict(accepted, sample_index(target_probs, coins[n]))
-            law = tree.laws[row]
-            if law is None:
-                raise TreeStructureError(
-                    f"row {row} has children but no proposal law; build the tree with "
-                    "DraftTree.from_parents(..., laws=...) or give `laws[row]`."
-                )
-            walk = RowRejection(target_probs, law, [tokens[c] for c in kids])
-            for node in kids:
-                if coins[node] < walk.acceptance_probability():
+        plans: dict[int, _RowPlan] = {}
+        paths: list[tuple[int, ...]] = []
+        ends: dict[tuple[int, bool], list[int]] = {}  # (row, is_leaf) -> samples ending there
+        for sample, coin in enumerate(coin_rows):
+            accepted: list[int] = []
+            row = 0
+            while True:
+                plan = plans.get(row)
+                if plan is None:
+                    plan = plans[row] = self._plan(tree, target_logits, sampling, row, tokens)
+                kids = children[row]
+                if plan.walk is None:  # a leaf (or the bare root): the bonus token
+                    ends.setdefault((row, True), []).append(sample)
                     break
-                walk.reject()
-            else:  # every child rejected: the correction token
-                extra = sample_index(walk.residual_weights(), coins[n])
-                return Verdict(accepted, extra)
-            accepted.append(node)
-            row = node + 1
+                for j, node in enumerate(kids):
+                    if coin[node] < plan.acceptance(j):
+                        accepted.append(node)
+                        row = node + 1
+                        break
+                else:  # every child rejected: the correction token
+                    ends.setdefault((row, False), []).append(sample)
+                    break
+            paths.append(tuple(accepted))
+        extra = [0] * num_samples
+        for (row, is_leaf), samples in ends.items():
+            weights = plans[row].bonus_weights() if is_leaf else plans[row].residual_weights()
+            drawn = sample_indices(weights, coins[samples, n]).tolist()
+            for sample, token in zip(samples, drawn, strict=True):
+                extra[sample] = token
+        return [Verdict(path, token) for path, token in zip(paths, extra, strict=True)]
+
+    def _plan(
+        self,
+        tree: DraftTree,
+        target_logits: torch.Tensor,
+        sampling: SamplingParams,
+        row: int,
+        tokens: list[int],
+    ) -> _RowPlan:
+        target_probs = sampling.probs(target_logits[row], self.residual_dtype)  # (V,)
+        kids = tree.children[row]
+        if not kids:
+            return _RowPlan(target_probs, None)
+        law = tree.laws[row]
+        if law is None:
+            raise TreeStructureError(
+                f"row {row} has children but no proposal law; build the tree with "
+                "DraftTree.from_parents(..., laws=...) or give `laws[row]`."
+            )
+        return _RowPlan(target_probs, RowRejection(target_probs, law, [tokens[c] for c in kids]))
 
     @staticmethod
     def _check(tree: DraftTree, target_logits: torch.Tensor) -> None:
@@ -134,3 +180,42 @@ class RecursiveRejection:
             )
         for row, law in enumerate(tree.laws):
             check_draft_shape(law, vocab_size, row)
+
+
+class _RowPlan:
+    """One visited row: its target distribution and its rejection walk, advanced lazily.
+
+    ``acceptance(j)`` is ``a_j`` given children ``0 .. j-1`` were rejected, computed
+    the first time a sample asks for it; the walk is never advanced further than the
+    samples so far needed.
+    """
+
+    __slots__ = ("_accept", "_residual", "target_probs", "walk")
+
+    def __init__(self, target_probs: torch.Tensor, walk: RowRejection | None) -> None:
+        self.target_probs = target_probs
+        self.walk = walk
+        self._accept: list[float] = []
+        self._residual: torch.Tensor | None = None
+
+    def acceptance(self, j: int) -> float:
+        accept = self._accept
+        walk = self.walk
+        assert walk is not None
+        while len(accept) <= j:
+            if accept:
+                walk.reject()
+            accept.append(walk.acceptance_probability())
+        return accept[j]
+
+    def residual_weights(self) -> torch.Tensor:
+        """The residual after every child was rejected (unnormalised, mass > 0)."""
+        if self._residual is None:
+            walk = self.walk
+            assert walk is not None and len(self._accept) == walk.num_children
+            walk.reject()
+            self._residual = walk.residual_weights()
+        return self._residual
+
+    def bonus_weights(self) -> torch.Tensor:
+        return self.target_probs
