@@ -89,6 +89,9 @@ class HFModel:
             window is applied).
         layers: run only these decoder layers (an int ``n`` = the first ``n``); ``None``
             runs all of them. See :meth:`self_draft`.
+        attention: ``"sdpa"``, ``"eager"`` or ``"verispec"`` switches ``hf_model``'s
+            attention (``"verispec"``: the Triton tree attention, with sdpa where it does
+            not apply); ``None`` keeps the model's own.
 
     Attributes:
         hf_model, config: the wrapped model and its config.
@@ -106,11 +109,22 @@ class HFModel:
         *,
         max_length: int | None = None,
         layers: int | Sequence[int] | None = None,
+        attention: str | None = None,
     ) -> None:
         self._decoder = _decoder(hf_model)
         self.hf_model = hf_model.eval()
         self.config = hf_model.config
         self._lm_head = hf_model.get_output_embeddings()
+        if attention is not None:  # switches the wrapped model itself (shared by its views)
+            if attention not in _SUPPORTED_ATTENTION:
+                raise ConfigError(
+                    f"`attention` must be one of {_SUPPORTED_ATTENTION}; got {attention!r}."
+                )
+            if attention == "verispec":
+                from verispec.kernels.hf_attention import register
+
+                register()  # Triton tree attention on CUDA, sdpa elsewhere (warns once)
+            hf_model.set_attn_implementation(attention)
         attention = getattr(self.config, "_attn_implementation", None) or "eager"
         if attention not in _SUPPORTED_ATTENTION:
             raise ConfigError(
