@@ -65,12 +65,13 @@ def block_states(mask: torch.Tensor, block_m: int, block_n: int) -> torch.Tensor
     _check_block("block_n", block_n)
     *lead, rows, cols = mask.shape
     mb, nb = -(-rows // block_m), -(-cols // block_n)
-    pad = (0, nb * block_n - cols, 0, mb * block_m - rows)
-    mask = mask.bool()
-    tiles = (*lead, mb, block_m, nb, block_n)
-    any_ = torch.nn.functional.pad(mask, pad, value=False).reshape(tiles).any(-1).any(-2)
-    all_ = torch.nn.functional.pad(mask, pad, value=True).reshape(tiles).all(-1).all(-2)
-    return torch.where(any_, torch.where(all_, 1, 2), 0).to(torch.int8)
+    padded = torch.zeros((*lead, mb * block_m, nb * block_n), dtype=torch.int32, device=mask.device)
+    padded[..., :rows, :cols] = mask
+    seen = padded.reshape(*lead, mb, block_m, nb, block_n).sum(dim=(-1, -3))  # (..., mb, nb)
+    tile_rows = (rows - torch.arange(mb, device=mask.device) * block_m).clamp(max=block_m)
+    tile_cols = (cols - torch.arange(nb, device=mask.device) * block_n).clamp(max=block_n)
+    in_range = tile_rows[:, None] * tile_cols[None, :]  # (mb, nb) entries inside the mask
+    return torch.where(seen == 0, 0, torch.where(seen == in_range, 1, 2)).to(torch.int8)
 
 
 def count_nonempty_blocks(
@@ -92,7 +93,7 @@ def count_nonempty_blocks(
     block_n = block_m if block_n is None else block_n
     if order is not None:
         index = torch.as_tensor(order, dtype=torch.long, device=mask.device)
-        mask = mask[index][:, index]
+        mask = mask.index_select(0, index).index_select(1, index)
     return int((block_states(mask, block_m, block_n) != 0).sum())
 
 

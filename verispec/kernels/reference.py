@@ -80,10 +80,11 @@ def tree_attention(
     q = query.to(compute).reshape(batch, kv_heads, groups, num_queries, head_dim)
     k = torch.cat([prefix_key, tree_key], dim=2).to(compute)  # (B, H_kv, S + N, D)
     v = torch.cat([prefix_value, tree_value], dim=2).to(compute)
+    tree_mask = tree_mask.expand(batch, -1, -1)
     if prefix_mask is None:
         prefix_mask = tree_mask.new_ones((batch, num_queries, prefix_key.shape[2]))
-    visible = torch.cat([prefix_mask, tree_mask], dim=-1).bool()  # (B, N, S + N)
-    visible = visible.expand(batch, -1, -1)[:, None, None]  # (B, 1, 1, N, S + N)
+    prefix_mask = prefix_mask.expand(batch, -1, -1)
+    visible = torch.cat([prefix_mask, tree_mask], dim=-1).bool()[:, None, None]  # (B,1,1,N,S+N)
     scores = torch.einsum("bkgnd,bksd->bkgns", q, k) * scale
     scores = scores.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(scores, dim=-1)

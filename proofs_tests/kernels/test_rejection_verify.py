@@ -1,0 +1,137 @@
+"""Recursive rejection verification: kernel = reference draw for draw; the reference's rule
+is ``verispec.verifiers.RecursiveRejection``'s and its output law is the target's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from verispec.core.sampling import SamplingParams
+from verispec.core.tree import DETERMINISTIC, IID, DraftTree, WithoutReplacement
+from verispec.kernels import ops, reference
+from verispec.kernels.reference import IID_CODE, WITHOUT_REPLACEMENT_CODE
+from verispec.kernels.verify import KernelRecursiveRejection
+from verispec.verifiers.recursive import RecursiveRejection
+
+LAWS = ("deterministic", "iid", "without_replacement", "mixed")
+
+
+def _random_case(kind: str, n: int, vocab: int, g: torch.Generator, parents: list[int]):  # type: ignore[no-untyped-def]
+    """A tree whose stochastic rows' children are real draws from their law, target probs, coins."""
+    shape = DraftTree.from_parents([0] * n, parents)
+    tokens = [0] * n
+    laws: list = []
+    for row in range(n + 1):
+        kids = shape.children[row]
+        if not kids:
+            laws.append(None)
+            continue
+        draft = torch.softmax(2 * torch.randn(vocab, generator=g, dtype=torch.float64), 0)
+        law_kind = kind if kind != "mixed" else LAWS[row % 3]
+        if law_kind == "iid":
+            drawn = torch.multinomial(draft, len(kids), replacement=True, generator=g)
+            laws.append(IID(draft))
+        elif law_kind == "without_replacement":
+            drawn = torch.multinomial(draft, len(kids), replacement=False, generator=g)
+            laws.append(WithoutReplacement(draft))
+        else:
+            drawn = torch.randperm(vocab, generator=g)[: len(kids)]
+            laws.append(DETERMINISTIC)
+        for node, token in zip(kids, drawn.tolist(), strict=True):
+            tokens[node] = token
+    tree = DraftTree.from_parents(tokens, parents, laws)
+    probs = torch.softmax(2 * torch.randn(n + 1, vocab, generator=g, dtype=torch.float64), -1)
+    return tree, probs
+
+
+@pytest.mark.parametrize("kind", LAWS)
+def test_kernel_equals_reference_draw_for_draw(triton_backend, device, make_parents, kind) -> None:  # type: ignore[no-untyped-def]
+    """For each law, on 6 random trees of 1-12 nodes over V = 300 (two vocabulary tiles), each
+    with 3 sets of uniform draws, the kernel's verdict equals the reference's exactly."""
+    g = torch.Generator().manual_seed(LAWS.index(kind))
+    for _ in range(6):
+        n = 1 + int(torch.randint(0, 12, (), generator=g))
+        tree, probs = _random_case(kind, n, 300, g, make_parents(n, g, chain_bias=0.5))
+        for _ in range(3):
+            uniforms = torch.rand(n + 1, generator=g, dtype=torch.float64)
+            expected = _reference(tree, probs, uniforms)
+            assert ops.rejection_verify(tree, probs.to(device), uniforms) == expected
+
+
+def _reference(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor):  # type: ignore[no-untyped-def]
+    from verispec.kernels.backend import use_backend
+
+    with use_backend("reference"):
+        return ops.rejection_verify(tree, probs, uniforms)
+
+
+def test_kernel_equals_reference_when_the_residual_runs_out(triton_backend, device) -> None:
+    """A target one rounding unit away from the IID draft, and a coin just below 1, reject the
+    only child and leave the residual without mass; kernel and reference both restart from
+    the target and draw the same extra token."""
+    target = torch.tensor(
+        [[0.4721868683988603, 0.1141586728203003, 0.4136544587808395], [1 / 3, 1 / 3, 1 / 3]],
+        dtype=torch.float64,
+    )
+    draft = torch.tensor([0.4721868683988601, 0.1141586728203003, 0.4136544587808395])
+    tree = DraftTree.from_parents([1], [-1], IID(draft.double()))
+    for extra_coin in (0.05, 0.5, 0.95):
+        uniforms = torch.tensor([1 - 2**-53, extra_coin], dtype=torch.float64)
+        expected = _reference(tree, target, uniforms)
+        assert expected.accepted == ()
+        assert ops.rejection_verify(tree, target.to(device), uniforms) == expected
+
+
+@pytest.mark.parametrize("kind", LAWS)
+def test_reference_makes_recursive_rejections_decisions(make_parents, kind) -> None:  # type: ignore[no-untyped-def]
+    """With the same generator seed, over 60 random trees of up to 10 nodes (V = 7 and 50,
+    temperature 0.7 with top-k 20), the reference path's verdicts equal
+    ``RecursiveRejection(float64)``'s: same coins, same rule (the fixed point moves a
+    threshold by about 1e-15, which no coin here lands on)."""
+    g = torch.Generator().manual_seed(100 + LAWS.index(kind))
+    sampling = SamplingParams(temperature=0.7, top_k=20)
+    for trial in range(60):
+        vocab = 7 if trial % 2 else 50
+        n = int(torch.randint(0, 10, (), generator=g))
+        tree, _ = _random_case(kind, n, vocab, g, make_parents(n, g, chain_bias=0.5))
+        logits = 3 * torch.randn(n + 1, vocab, generator=g, dtype=torch.float64)
+        seed = int(torch.randint(0, 2**31, (), generator=g))
+        from verispec.kernels.backend import use_backend
+
+        with use_backend("reference"):
+            mine = KernelRecursiveRejection().verify(
+                tree, logits, sampling, torch.Generator().manual_seed(seed)
+            )
+        theirs = RecursiveRejection(torch.float64).verify(
+            tree, logits, sampling, torch.Generator().manual_seed(seed)
+        )
+        assert mine == theirs
+
+
+@pytest.mark.parametrize("kind", ["iid", "without_replacement", "deterministic"])
+def test_reference_output_law_is_the_target(kind: str) -> None:
+    """Fresh draft children every trial (drawn from the law) and fresh coins: the first
+    committed token's empirical law over 3,000 trials matches the target's (chi-square,
+    alpha = 1e-3, V = 4, a root with three children)."""
+    g = torch.Generator().manual_seed(7)
+    target = torch.tensor([[0.1, 0.2, 0.3, 0.4]] + [[0.25] * 4] * 3, dtype=torch.float64)
+    draft = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    code = {"iid": IID_CODE, "without_replacement": WITHOUT_REPLACEMENT_CODE}.get(kind, 1)
+    laws = torch.tensor([code, 0, 0, 0])
+    child_ptr, child_idx = reference.children_csr(torch.tensor([-1, -1, -1]))
+    counts = torch.zeros(4)
+    trials = 3000
+    for _ in range(trials):
+        if kind == "deterministic":
+            kids = torch.tensor([3, 0, 1])
+        else:
+            kids = torch.multinomial(draft, 3, replacement=kind == "iid", generator=g)
+        coins = torch.rand(4, generator=g, dtype=torch.float64)
+        packed = reference.rejection_verify(
+            target, draft[None], torch.zeros(4, dtype=torch.long), laws, kids, child_ptr,
+            child_idx, coins,
+        )  # fmt: skip
+        first = int(kids[packed[2]]) if int(packed[0]) else int(packed[1])
+        counts[first] += 1
+    assert chisquare(counts.numpy(), (target[0] * trials).numpy()).pvalue > 1e-3
