@@ -1,0 +1,94 @@
+"""Tests of verispec/drafters/budget.py: latency tables, their cache, and the budget rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec.drafters import budget as budget_module
+from verispec.drafters.budget import LatencyTable, choose_budget, latency_for, measure_latency
+from verispec.errors import ConfigError
+
+
+def test_choose_budget_maximises_expected_tokens_per_second() -> None:
+    """The chosen n maximises (1 + v_1 + ... + v_n) / T(n), checked by hand."""
+    table = LatencyTable([0, 1, 2, 3], [1.0, 1.1, 1.5, 2.5])
+    values = [0.5, 0.3, 0.2]
+    # rates: n=0: 1/1, n=1: 1.5/1.1 = 1.364, n=2: 1.8/1.5 = 1.2, n=3: 2.0/2.5 = 0.8
+    assert choose_budget(values, table) == 1
+    assert choose_budget([], table) == 0
+    assert choose_budget([0.9, 0.9, 0.9], table) == 2  # 2.8/1.5 = 1.87 > 3.7/2.5 = 1.48
+    free = LatencyTable([0, 100], [1.0, 1.0])
+    assert choose_budget([0.1] * 7, free) == 7
+
+
+def test_choose_budget_agrees_with_brute_force() -> None:
+    """On random decreasing values and a random increasing table, the rule is the argmax."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        values = torch.rand(30, generator=generator, dtype=torch.float64).sort(descending=True)
+        seconds = (torch.rand(5, generator=generator, dtype=torch.float64) + 0.1).cumsum(0)
+        table = LatencyTable([0, 4, 8, 16, 32], seconds.tolist())
+        rates = [(1 + float(values.values[:n].sum())) / float(table.at(n)) for n in range(31)]
+        assert choose_budget(values.values, table) == max(range(31), key=lambda n: (rates[n], -n))
+
+
+def test_latency_table_interpolates_and_extrapolates() -> None:
+    """T(n) is linear between measured sizes and continues the last slope beyond them."""
+    table = LatencyTable([0, 8, 16], [1.0, 2.0, 4.0])
+    assert table.at(0).item() == 1.0
+    assert table.at(4).item() == pytest.approx(1.5)
+    assert table.at(12).item() == pytest.approx(3.0)
+    assert table.at(24).item() == pytest.approx(6.0)
+    assert table.at([0, 8, 16]).tolist() == [1.0, 2.0, 4.0]
+
+
+def test_latency_table_round_trips_through_json(tmp_path) -> None:
+    """save/load keep sizes, times and key."""
+    table = LatencyTable([0, 1, 8], [0.07, 0.075, 0.096], key="m|cpu")
+    path = tmp_path / "t.json"
+    table.save(path)
+    assert LatencyTable.load(path) == table
+
+
+@pytest.mark.parametrize(
+    ("sizes", "seconds", "match"),
+    [
+        ([0, 4], [1.0], "one time per size"),
+        ([1, 4], [1.0, 2.0], "start at 0"),
+        ([0, 4, 4], [1.0, 2.0, 3.0], "increasing, distinct"),
+        ([0, 4], [1.0, 0.0], "> 0 seconds"),
+    ],
+)
+def test_bad_latency_tables_are_refused(sizes: list, seconds: list, match: str) -> None:
+    """A malformed table raises ConfigError."""
+    with pytest.raises(ConfigError, match=match):
+        LatencyTable(sizes, seconds)
+
+
+def test_measure_latency_on_the_tiny_model(tiny) -> None:
+    """Every requested size (and 0) is timed, times are positive, and the model is reset."""
+    table = measure_latency(tiny, [2, 8], context=16, repeats=2, warmup=1)
+    assert table.sizes == (0, 2, 8)
+    assert all(t > 0 for t in table.seconds)
+    assert tiny.num_committed == 0
+    assert "float64" in table.key and "cpu" in table.key
+
+
+def test_latency_for_caches_on_disk(tiny, tmp_path, monkeypatch) -> None:
+    """The first call measures and writes the cache; the next reads it; remeasure measures."""
+    calls: list[int] = []
+
+    def fake(model, sizes):
+        calls.append(1)
+        return LatencyTable(
+            [0, *sizes], [1.0] + [2.0] * len(sizes), budget_module.device_key(model)
+        )
+
+    monkeypatch.setattr(budget_module, "measure_latency", fake)
+    first = latency_for(tiny, sizes=[4], cache_dir=tmp_path)
+    second = latency_for(tiny, sizes=[4], cache_dir=tmp_path)
+    assert calls == [1] and second == first
+    latency_for(tiny, sizes=[4], cache_dir=tmp_path, remeasure=True)
+    assert calls == [1, 1]
+    assert len(list(tmp_path.glob("*.json"))) == 1

@@ -1,0 +1,250 @@
+"""The device picks the tree size: latency tables and the tokens-per-second budget rule.
+
+A step that sends ``n`` tree nodes costs the target ``T(n)`` seconds and commits on
+average ``1 + v_1 + ... + v_n`` tokens, where ``v_i`` is the probability that node ``i``
+is accepted (its *value*; the 1 is the extra token). With the nodes in decreasing
+value order — a prefix of which is always a connected tree when values never grow
+down a path — the best size is
+
+    n* = argmax_n (1 + v_1 + ... + v_n) / T(n),
+
+the expected tokens per second. ``T`` is measured once per model and device for a
+grid of sizes (:func:`measure_latency`), interpolated linearly between them, and
+cached on disk (:func:`latency_for`). The rule (:func:`choose_budget`) only needs
+values, so any drafter that estimates them can use it (dynamic Token Recycling,
+DySpec's slot values...).
+
+Not in the Token Recycling or DySpec papers: both fix the tree size; the rule here is
+the one DESIGN.md asks for ("size trees to maximise expected accepted tokens per
+second").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from verispec.core.tree import DraftTree
+from verispec.core.types import LanguageModel
+from verispec.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_SIZES",
+    "LatencyTable",
+    "choose_budget",
+    "device_key",
+    "latency_for",
+    "measure_latency",
+]
+
+DEFAULT_SIZES: tuple[int, ...] = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def _check_table(instance: LatencyTable, attribute: attrs.Attribute, value: Any) -> None:
+    sizes, seconds = instance.sizes, instance.seconds
+    if len(sizes) != len(seconds) or not sizes:
+        raise ConfigError(
+            f"a latency table needs one time per size; got {len(sizes)} sizes and "
+            f"{len(seconds)} times."
+        )
+    if list(sizes) != sorted(set(sizes)) or sizes[0] != 0:
+        raise ConfigError(
+            f"latency table sizes must be increasing, distinct and start at 0; got {list(sizes)}."
+        )
+    if any(not (t > 0) for t in seconds):
+        raise ConfigError(f"latency table times must be > 0 seconds; got {list(seconds)}.")
+
+
+@attrs.frozen
+class LatencyTable:
+    """Measured seconds of one target step for a grid of tree sizes.
+
+    Attributes:
+        sizes: tree sizes measured, increasing, starting at 0 (the plain decoding step).
+        seconds: median seconds of one ``forward_tree`` at each size.
+        key: what was measured (model, dtype, device), see :func:`device_key`.
+    """
+
+    sizes: tuple[int, ...] = attrs.field(converter=lambda v: tuple(int(x) for x in v))
+    seconds: tuple[float, ...] = attrs.field(
+        converter=lambda v: tuple(float(x) for x in v), validator=_check_table
+    )
+    key: str = ""
+
+    def at(self, n: torch.Tensor | Sequence[int] | int) -> torch.Tensor:
+        """``T(n)``: linear between measured sizes, and beyond the last along the last slope.
+
+        Returns:
+            float64, the shape of ``n``.
+        """
+        n_t = torch.as_tensor(n, dtype=torch.float64)
+        xs = torch.tensor(self.sizes, dtype=torch.float64)
+        ys = torch.tensor(self.seconds, dtype=torch.float64)
+        if len(xs) == 1:
+            return ys[0].expand_as(n_t).clone()
+        hi = torch.searchsorted(xs, n_t.clamp(min=0), right=True).clamp(1, len(xs) - 1)
+        lo = hi - 1
+        slope = (ys[hi] - ys[lo]) / (xs[hi] - xs[lo])
+        return ys[lo] + slope * (n_t - xs[lo])
+
+    @property
+    def max_size(self) -> int:
+        return self.sizes[-1]
+
+    def to_json(self) -> str:
+        return json.dumps({"key": self.key, "sizes": self.sizes, "seconds": self.seconds})
+
+    @classmethod
+    def from_json(cls, text: str) -> LatencyTable:
+        data = json.loads(text)
+        return cls(data["sizes"], data["seconds"], data.get("key", ""))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(target)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LatencyTable:
+        return cls.from_json(Path(path).read_text())
+
+
+def choose_budget(values_sorted_desc: torch.Tensor | Sequence[float], latency: LatencyTable) -> int:
+    """The tree size ``n`` that maximises ``(1 + sum of the first n values) / T(n)``.
+
+    Args:
+        values_sorted_desc: float, Shape: (M,). Acceptance probability of each candidate
+            node, largest first (a prefix must be a connected tree).
+        latency: the target's step time by tree size.
+
+    Returns:
+        ``n`` in ``[0, M]``; the smallest such ``n`` on ties.
+    """
+    values = torch.as_tensor(values_sorted_desc, dtype=torch.float64).reshape(-1)
+    expected = torch.cat([torch.ones(1, dtype=torch.float64), 1.0 + values.cumsum(0)])  # (M + 1,)
+    rate = expected / latency.at(torch.arange(values.numel() + 1))
+    return int(rate.argmax())
+
+
+def _chain_like_tree(n: int, generator: torch.Generator, vocab_size: int) -> DraftTree:
+    """A tree of ``n`` nodes shaped like the ones drafters send (a few branches, deep trunk)."""
+    parents = [-1 if i < min(4, n) else (i - 4 if i < 8 else i - 1 - (i % 3)) for i in range(n)]
+    tokens = torch.randint(vocab_size, (n,), generator=generator)
+    return DraftTree.from_parents(tokens, parents)
+
+
+def measure_latency(
+    model: LanguageModel,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    *,
+    context: int = 256,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> LatencyTable:
+    """Time one target step (``forward_tree``) for every tree size in ``sizes``.
+
+    The model is prefilled with ``context`` random tokens, each size is run ``warmup``
+    times untimed and ``repeats`` times timed (the median is kept; CUDA is synchronised),
+    and the model is reset afterwards. Every repetition builds a fresh tree, so the
+    tree-mask work each real step does is included.
+
+    Args:
+        model: the target.
+        sizes: tree sizes; 0 (plain decoding) is added if missing.
+
+    Raises:
+        ConfigError: a negative size, or sizes that do not fit the model's context.
+    """
+    grid = sorted({0, *(int(s) for s in sizes)})
+    if grid[0] < 0:
+        raise ConfigError(f"`sizes` must be >= 0; got {grid[0]}.")
+    if repeats < 1 or warmup < 0:
+        raise ConfigError(f"`repeats` must be >= 1 and `warmup` >= 0; got {repeats}, {warmup}.")
+    context = max(1, min(context, model.max_length - grid[-1] - 1))
+    if context + grid[-1] >= model.max_length:
+        raise ConfigError(
+            f"a tree of {grid[-1]} nodes does not fit the model's context of {model.max_length}."
+        )
+    generator = torch.Generator().manual_seed(0)
+    model.prefill(torch.randint(model.vocab_size, (context,), generator=generator))
+    device = getattr(model, "device", torch.device("cpu"))
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    seconds = []
+    try:
+        for n in grid:
+            times = []
+            for i in range(warmup + repeats):
+                tree = _chain_like_tree(n, generator, model.vocab_size)
+                sync()
+                start = time.perf_counter()
+                model.forward_tree(tree)
+                sync()
+                if i >= warmup:
+                    times.append(time.perf_counter() - start)
+            seconds.append(statistics.median(times))
+    finally:
+        model.reset()
+    return LatencyTable(grid, seconds, device_key(model))
+
+
+def device_key(model: Any) -> str:
+    """A name for what a latency table describes: model, dtype, device and CPU threads."""
+    config = getattr(model, "config", None)
+    name = str(getattr(config, "_name_or_path", "") or getattr(config, "model_type", "")) or (
+        type(model).__name__
+    )
+    layers = getattr(model, "layer_indices", None)
+    dtype = str(getattr(model, "dtype", "")).replace("torch.", "")
+    device = torch.device(getattr(model, "device", "cpu"))
+    if device.type == "cuda":
+        where = torch.cuda.get_device_name(device)
+    else:
+        where = f"{platform.machine()}-{platform.processor() or 'cpu'}-{torch.get_num_threads()}t"
+    shape = f"V{getattr(model, 'vocab_size', '?')}-L{len(layers) if layers else '?'}"
+    return f"{name}|{shape}|{dtype}|{device.type}|{where}"
+
+
+def _cache_dir() -> Path:
+    """``$VERISPEC_CACHE/latency`` if set, else ``~/.cache/verispec/latency`` (as the models)."""
+    env = os.environ.get("VERISPEC_CACHE")
+    return (Path(env).expanduser() if env else Path.home() / ".cache" / "verispec") / "latency"
+
+
+def latency_for(
+    model: LanguageModel,
+    *,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    remeasure: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> LatencyTable:
+    """The model's latency table from the on-disk cache, measured (and cached) if missing.
+
+    The cache file is named after :func:`device_key` (model, dtype, device, CPU threads),
+    under ``$VERISPEC_CACHE/latency`` or ``~/.cache/verispec/latency``.
+    ``remeasure=True`` measures again and overwrites it.
+    """
+    key = device_key(model)
+    folder = Path(cache_dir) if cache_dir is not None else _cache_dir()
+    path = folder / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+    if not remeasure and path.is_file():
+        try:
+            table = LatencyTable.load(path)
+            if table.key == key and set(sizes) <= set(table.sizes) | {0}:
+                return table
+        except (ValueError, KeyError, OSError):
+            pass  # a corrupt or foreign file: measure again
+    table = measure_latency(model, sizes)
+    table.save(path)
+    return table
