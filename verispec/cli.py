@@ -60,6 +60,12 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--device", default="auto", help="cpu, cuda, cuda:1... (default: cuda if available)"
     )
+    group.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="CPU threads for torch (default: torch's own choice)",
+    )
 
 
 def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
@@ -155,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     device = args.device
     if device == "auto":

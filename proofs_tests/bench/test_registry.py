@@ -1,0 +1,160 @@
+"""Tests of verispec/bench/registry.py and the method entries of verispec/bench/methods.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec.bench.methods import METHODS, _class_available
+from verispec.bench.registry import MethodEntry, Param, _show, parse_method, parse_methods
+from verispec.bench.runner import check_available
+from verispec.errors import ConfigError
+
+
+def test_plain_names_parse_in_order() -> None:
+    """A comma-separated list of bare names gives one spec per name, in the given order."""
+    specs = parse_methods("ar, hf ,tr", METHODS)
+    assert [s.name for s in specs] == ["ar", "hf", "tr"]
+    assert [s.label for s in specs] == ["ar", "hf", "tr"]
+    assert all(s.given == () for s in specs)
+
+
+def test_parameters_are_typed_and_labelled() -> None:
+    """`tr:template=16:k=4:prune=false` gives typed values and a label that reads back."""
+    spec = parse_method("tr:template=16:k=4:prune=false", METHODS)
+    assert spec.given == (("template", "16"), ("k", 4), ("prune", False))
+    assert spec.label == "tr:template=16:k=4:prune=false"
+    assert parse_method(spec.label, METHODS) == spec
+
+
+def test_defaults_are_filled_in_and_given_values_win() -> None:
+    """`params` holds every parameter: the registry default unless the spec set it."""
+    spec = parse_method("tr:k=4", METHODS)
+    assert spec.params == {"template": "2.2.2", "k": 4, "prune": True}
+
+
+def test_a_bare_key_value_item_continues_the_previous_spec() -> None:
+    """In `ar,tr:template=16,k=4,hf` the item `k=4` belongs to `tr`."""
+    specs = parse_methods("ar,tr:template=16,k=4,hf", METHODS)
+    assert [s.label for s in specs] == ["ar", "tr:template=16:k=4", "hf"]
+
+
+def test_several_lists_are_concatenated() -> None:
+    """Repeated `--methods` options add up."""
+    specs = parse_methods(["ar", "tr:template=8,tr:template=32"], METHODS)
+    assert [s.label for s in specs] == ["ar", "tr:template=8", "tr:template=32"]
+
+
+def test_tuple_parameters_parse_dotted_integers() -> None:
+    """`branching=4.2.2` becomes the tuple (4, 2, 2) and shows back as 4.2.2."""
+    spec = parse_method("specinfer:branching=4.2.2", METHODS)
+    assert spec.params["branching"] == (4, 2, 2)
+    assert spec.label == "specinfer:branching=4.2.2"
+
+
+def test_unknown_method_lists_the_allowed_ones() -> None:
+    """An unknown name raises ConfigError naming it and every registered method."""
+    with pytest.raises(ConfigError, match="unknown method `eagle`") as info:
+        parse_methods("ar,eagle", METHODS)
+    for name in METHODS:
+        assert name in str(info.value)
+
+
+def test_unknown_parameter_lists_the_allowed_ones() -> None:
+    """An unknown key raises ConfigError naming the method's parameters."""
+    with pytest.raises(ConfigError, match="no parameter `size`") as info:
+        parse_methods("tr:size=16", METHODS)
+    assert "template, k, prune" in str(info.value)
+
+
+def test_a_method_without_parameters_says_so() -> None:
+    """`ar:k=3` fails: `ar` takes no parameter."""
+    with pytest.raises(ConfigError, match="allowed: none"):
+        parse_methods("ar:k=3", METHODS)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tr:k=four", "must be an integer"),
+        ("tr:k=0", "must be >= 1"),
+        ("tr:k=2000", "must be <= 1024"),
+        ("tr:template=7", "must be one of"),
+        ("tr:prune=maybe", "true or false"),
+        ("tr:k", "written `key=value`"),
+        ("tr:=3", "written `key=value`"),
+        ("tr:k=4:k=5", "given twice"),
+        ("specinfer:branching=4.two", "integers separated by dots"),
+        ("specinfer:branching=4.0.2", "must be >= 1"),
+        ("dyspec:threshold=nan", "must be finite"),
+        ("dyspec:threshold=1.5", "must be <= 1"),
+        (":k=3", "must start with a method name"),
+    ],
+)
+def test_malformed_values_raise_config_errors(text: str, message: str) -> None:
+    """Each malformed spec raises ConfigError with a message that says what is wrong."""
+    with pytest.raises(ConfigError, match=message):
+        parse_methods(text, METHODS)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "no method given"),
+        (" , ,", "no method given"),
+        ("k=4,tr", "before any method name"),
+        ("ar,tr,ar", "listed twice"),
+        ("tr:k=4,tr:k=4", "listed twice"),
+    ],
+)
+def test_malformed_lists_raise_config_errors(text: str, message: str) -> None:
+    """Empty lists, orphan parameters and repeated specs are rejected."""
+    with pytest.raises(ConfigError, match=message):
+        parse_methods(text, METHODS)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_default_reads_back_from_its_shown_form(name: str) -> None:
+    """For every registered parameter, parsing the default as shown gives the default."""
+    entry = METHODS[name]
+    for param in entry.params:
+        if param.default is None:
+            continue
+        assert param.parse(_show(param.default), name) == param.default
+        assert param.describe().startswith(param.name)
+
+
+def test_a_missing_drafter_module_is_reported_not_available() -> None:
+    """A method whose module does not exist reports why, and check_available refuses it."""
+    check = _class_available("no_such_module", "Nothing")
+    reason = check()
+    assert reason is not None and "verispec.drafters.no_such_module" in reason
+    entry = MethodEntry("ghost", "a method whose drafter is missing", (), lambda c, p: None, check)
+    registry = {"ghost": entry}
+    spec = parse_method("ghost", registry)
+    assert spec.label == "ghost"
+    METHODS["ghost"] = entry
+    try:
+        with pytest.raises(ConfigError, match="`ghost`: module `verispec.drafters"):
+            check_available([spec])
+    finally:
+        del METHODS["ghost"]
+
+
+def test_a_missing_class_in_an_existing_module_is_reported() -> None:
+    """A module that exists but lacks the class reports the missing class by name."""
+    reason = _class_available("token_recycling", "NoSuchDrafter")()
+    assert reason is not None and "has no class `NoSuchDrafter`" in reason
+
+
+def test_installed_core_methods_are_available() -> None:
+    """`ar`, `hf`, `hf-pld` and `tr` can run in this installation."""
+    for name in ("ar", "hf", "hf-pld", "tr"):
+        assert METHODS[name].availability() is None, name
+
+
+def test_param_bounds_apply_to_floats() -> None:
+    """A float parameter with bounds rejects values outside them and accepts the edges."""
+    param = Param("t", float, 0.5, "a share", 0, 1)
+    assert param.parse("0", "m") == 0.0 and param.parse("1", "m") == 1.0
+    with pytest.raises(ConfigError, match=r"`m:t` must be >= 0"):
+        param.parse("-0.1", "m")

@@ -1,0 +1,184 @@
+"""Tests of verispec/bench/runner.py and runners.py: interleaving, warm-up, conversations,
+and a tiny end-to-end benchmark on the smoke model (random Llama) written as JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from verispec.bench.methods import METHODS
+from verispec.bench.output import write_json
+from verispec.bench.prompts import Question, shipped_questions
+from verispec.bench.registry import parse_methods
+from verispec.bench.report import summarise, to_json
+from verispec.bench.runner import BenchConfig, run_bench
+from verispec.bench.runners import TurnResult
+from verispec.core.types import GenerationConfig
+from verispec.errors import ConfigError
+
+
+class _SpyRunner:
+    """A stand-in method: answers with a fixed token per call and logs every call."""
+
+    def __init__(self, label: str, log: list[tuple[str, str, int]]) -> None:
+        self.label, self.log = label, log
+
+    def reset(self) -> None:
+        self.log.append(("reset", self.label, 0))
+
+    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+        self.log.append(("run", self.label, len(prompt_ids)))
+        return TurnResult(
+            tokens=[65 + len(self.log) % 20] * 3,
+            text=f"answer by {self.label}",
+            seconds=0.01,
+            steps=3,
+            committed=3,
+            tree_nodes=0,
+            draft_s=0.0,
+            target_s=0.01,
+            verify_s=0.0,
+            peak_memory=0,
+            finish_reason="max_new_tokens",
+        )
+
+
+def _spy_bench(smoke_context: Any, warmup: int) -> tuple[list[tuple[str, str, int]], Any]:
+    specs = parse_methods("ar,hf,tr:template=8", METHODS)
+    log: list[tuple[str, str, int]] = []
+    runners: dict[str, Any] = {s.label: _SpyRunner(s.label, log) for s in specs}
+    questions = [Question(1, "chat", ("hi", "more")), Question(2, "qa", ("why",))]
+    run = run_bench(
+        smoke_context,
+        specs,
+        questions,
+        BenchConfig(warmup=warmup, chat=False),
+        progress=False,
+        runners=runners,
+    )
+    return log, run
+
+
+def test_warmup_runs_first_then_resets_and_is_not_recorded(smoke_context: Any) -> None:
+    """Each method answers `warmup` prompts and is reset before any measured answer."""
+    log, run = _spy_bench(smoke_context, warmup=2)
+    first_measured = 9  # 3 methods x (2 warm-up runs + 1 reset)
+    warm = log[:first_measured]
+    assert warm == [
+        e
+        for label in ("ar", "hf", "tr:template=8")
+        for e in [("run", label, warm[0][2])] * 2 + [("reset", label, 0)]
+    ]
+    assert all(kind == "run" for kind, _, _ in log[first_measured:])
+    assert len(run.records) == 3 * 3  # 3 methods x 3 turns; warm-up excluded
+
+
+def test_methods_are_interleaved_question_by_question_in_rotating_order(
+    smoke_context: Any,
+) -> None:
+    """All methods finish a question before the next starts; the first method rotates."""
+    _, run = _spy_bench(smoke_context, warmup=0)
+    order = [(r.question_id, r.method, r.turn) for r in run.records]
+    assert order == [
+        (1, "ar", 0), (1, "ar", 1), (1, "hf", 0), (1, "hf", 1),
+        (1, "tr:template=8", 0), (1, "tr:template=8", 1),
+        (2, "hf", 0), (2, "tr:template=8", 0), (2, "ar", 0),
+    ]  # fmt: skip
+
+
+def test_second_turn_sees_the_first_answer(smoke_context: Any) -> None:
+    """Turn 2's prompt holds turn 1, the method's answer and turn 2 (plain-text join)."""
+    _, run = _spy_bench(smoke_context, warmup=0)
+    first, second = (r for r in run.records if r.question_id == 1 and r.method == "ar")
+    expected = len(smoke_context.tokenizer.encode("hi\n\nanswer by ar\n\nmore"))
+    assert first.prompt_tokens == len(smoke_context.tokenizer.encode("hi"))
+    assert second.prompt_tokens == expected
+
+
+def test_empty_inputs_are_refused(smoke_context: Any) -> None:
+    """No method or no question raises ConfigError before anything runs."""
+    specs = parse_methods("ar", METHODS)
+    with pytest.raises(ConfigError, match="at least one method"):
+        run_bench(smoke_context, [], shipped_questions()[:1], progress=False)
+    with pytest.raises(ConfigError, match="at least one question"):
+        run_bench(smoke_context, specs, [], progress=False)
+
+
+def test_bench_config_validates_its_fields() -> None:
+    """Negative warm-up, max_new_tokens < 1 and a negative temperature are refused."""
+    with pytest.raises(ConfigError, match="warmup"):
+        BenchConfig(warmup=-1)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        BenchConfig(max_new_tokens=0)
+    with pytest.raises(ConfigError, match="temperature"):
+        BenchConfig(temperature=-0.5)
+
+
+# -- end to end on the smoke model ---------------------------------------------------
+
+_DRAFT_MODEL_METHODS = ("chain", "specinfer", "dyspec", "rsdc", "rsds")
+
+
+def _e2e_methods() -> str:
+    names = ["ar", "hf", "hf-pld", "tr:template=16", "tr"]
+    names += [m for m in ("pld", "dtr") if METHODS[m].availability() is None]
+    names += [
+        f"{m}:draft_layers=2" for m in _DRAFT_MODEL_METHODS if METHODS[m].availability() is None
+    ]
+    return ",".join(names)
+
+
+@pytest.fixture(scope="module")
+def e2e_run(smoke_context: Any) -> Any:
+    questions = [
+        Question(1, "chat", ("Say hi.", "Again, louder.")),
+        Question(2, "qa", ("Why is the sea salty?",)),
+    ]
+    specs = parse_methods(_e2e_methods(), METHODS)
+    config = BenchConfig(max_new_tokens=5, warmup=1)
+    return run_bench(smoke_context, specs, questions, config, progress=False)
+
+
+def test_every_method_answers_every_turn(e2e_run: Any) -> None:
+    """Each method has one record per question turn, each with 1..5 new tokens."""
+    assert len(e2e_run.records) == len(e2e_run.methods) * 3
+    for record in e2e_run.records:
+        assert 1 <= len(record.result.tokens) <= 5
+        assert record.result.steps >= 1 and record.result.seconds > 0
+
+
+def test_greedy_outputs_are_token_identical_in_float64(e2e_run: Any) -> None:
+    """At temperature 0 on the float64 tiny model every method reproduces `hf` greedy."""
+    report = summarise(e2e_run)
+    assert report.reference == "hf"
+    assert report.mismatches == []
+    assert all(f.identical == 1.0 for f in report.methods.values())
+
+
+def test_generate_peers_count_forwards(e2e_run: Any) -> None:
+    """`hf` greedy needs one forward per token (MAT 1); its draft time is zero."""
+    for record in e2e_run.records:
+        if record.method == "hf":
+            assert record.result.steps == len(record.result.tokens)
+            assert record.result.draft_s == 0.0 and record.result.verify_s is None
+
+
+def test_json_report_has_the_documented_schema(e2e_run: Any, tmp_path: Path) -> None:
+    """The JSON file lists every method with its figures, per category, machine and command."""
+    path = tmp_path / "bench.json"
+    write_json(path, to_json(summarise(e2e_run), {"cpu": "x"}, "verispec bench"))
+    data = json.loads(path.read_text())
+    assert list(data["methods"]) == [s.label for s in e2e_run.methods]
+    for figures in data["methods"].values():
+        for key in ("tokens_per_s", "mean_accepted", "speedup_vs_hf", "speedup_vs_ar"):
+            assert isinstance(figures[key], float) and figures[key] > 0
+        assert figures["identical"] == 1.0
+        assert figures["outputs"] == 3
+        assert set(figures["time_split"]) >= {"target", "other"}
+    assert set(data["per_category"]) == {"chat", "qa"}
+    assert data["machine"] == {"cpu": "x"} and data["command"] == "verispec bench"
+    assert data["methods"]["ar"]["mean_accepted"] == 1.0

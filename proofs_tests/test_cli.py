@@ -1,0 +1,162 @@
+"""Tests of verispec/cli.py and verispec/__main__.py: help, usage errors, and tiny real runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from verispec import cli
+from verispec.bench.methods import METHODS
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads() -> Iterator[None]:
+    """`--threads` sets torch's global thread count: put it back after each test."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _questions(tmp_path: Path) -> Path:
+    path = tmp_path / "q.jsonl"
+    lines = [
+        {"question_id": 1, "category": "chat", "turns": ["Say hi.", "Again."]},
+        {"question_id": 2, "category": "qa", "turns": ["Why?"]},
+        {"question_id": 3, "category": "qa", "turns": ["How?"]},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_python_m_verispec_help_lists_the_commands() -> None:
+    """`python -m verispec --help` exits 0 and names bench, generate and methods."""
+    out = subprocess.run(
+        [sys.executable, "-m", "verispec", "--help"], capture_output=True, text=True, check=True
+    )
+    for command in ("bench", "generate", "methods"):
+        assert command in out.stdout
+
+
+def test_bench_help_documents_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    """`verispec bench --help` documents every option of the benchmark."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--methods", "--questions", "--limit", "--max-new-tokens", "--temperature",
+                   "--dtype", "--json", "--markdown", "--plot", "--warmup", "--seed"):  # fmt: skip
+        assert option in text
+
+
+def test_methods_lists_every_registered_method(capsys: pytest.CaptureFixture[str]) -> None:
+    """`verispec methods` prints each method once with its parameters."""
+    assert cli.main(["methods"]) == 0
+    text = capsys.readouterr().out
+    starts = [line.split()[0] for line in text.splitlines() if line and not line[0].isspace()]
+    assert starts == list(METHODS)
+    assert "template (2.2.2|80|8|16|32" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "--methods", "ar,eagle"], "unknown method `eagle`; allowed: ar, hf"),
+        (["bench", "--methods", "tr:size=3"], "no parameter `size`; allowed: template, k"),
+        (["bench", "--limit", "0"], "`--limit` must be >= 1"),
+        (["bench", "--questions", "no/such/file.jsonl"], "no/such/file.jsonl"),
+        (["bench", "--categories", "poetry"], "'poetry' does not occur"),
+        (["bench", "--temperature", "-1"], "`--temperature` must be >= 0"),
+        (["bench", "--json", "no/such/dir/out.json"], "does not exist"),
+        (["generate", "--method", "ar,hf", "--prompt", "x"], "takes one method spec"),
+        (["generate", "--method", "tr", "--prompt", "  "], "`--prompt` must not be empty"),
+    ],
+)
+def test_usage_errors_exit_2_before_loading_the_model(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad input prints one clear error line and exits with status 2."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.startswith(f"verispec {argv[0]}: error:")
+
+
+def test_a_malformed_questions_file_names_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A broken second line is reported with its file and line number; nothing is written."""
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question_id": 1, "category": "qa", "turns": ["a"]}\n{"oops": 1}\n')
+    out = tmp_path / "out.json"
+    assert cli.main(["bench", "--questions", str(path), "--json", str(out)]) == 2
+    assert f"{path}, line 2" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_argparse_rejects_non_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    """A non-integer `--max-new-tokens` is a usage error (status 2)."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", "--max-new-tokens", "lots"])
+    assert info.value.code == 2
+
+
+def test_tiny_bench_writes_json_markdown_and_png(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full `verispec bench` on the tiny model prints the table and writes all three files."""
+    out = {key: tmp_path / f"bench.{ext}" for key, ext in
+           (("json", "json"), ("markdown", "md"), ("plot", "png"))}  # fmt: skip
+    argv = [
+        "bench", "--model", "tiny", "--threads", "1", "--questions", str(_questions(tmp_path)),
+        "--limit", "1", "--max-new-tokens", "4", "--methods", "ar,hf,tr:template=8",
+        "--no-progress", "--per-category",
+        *(arg for key, path in out.items() for arg in (f"--{key}", str(path))),
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "tr:template=8" in printed and "vs hf" in printed and "category" in printed
+    data = json.loads(out["json"].read_text())
+    assert list(data["methods"]) == ["ar", "hf", "tr:template=8"]
+    assert data["methods"]["hf"]["speedup_vs_hf"] == 1.0
+    assert data["config"]["answers_per_method"] == 3  # 2 chat turns + the first qa question
+    assert data["command"].startswith("verispec bench --model tiny")
+    assert data["machine"]["torch_threads"] == 1
+    assert "| tr:template=8 |" in out["markdown"].read_text()
+    assert out["plot"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_interrupted_bench_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C during the run exits 130 and leaves no output file."""
+    import verispec.bench.runner as runner
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_bench", interrupted)
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--model", "tiny", "--threads", "1", "--methods", "ar", "--json", str(out)]
+    assert cli.main(argv) == 130
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert "nothing written" in capsys.readouterr().err
+
+
+def test_generate_prints_the_answer_and_its_statistics(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`verispec generate` prints the method, token count, tokens/s, MAT and the time split."""
+    argv = ["generate", "--model", "tiny", "--threads", "1", "--method", "tr:template=8",
+            "--prompt", "Hello", "--max-new-tokens", "6", "--no-chat"]  # fmt: skip
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "method: tr:template=8" in text
+    assert "tokens: " in text and "tokens/s" in text
+    assert "mean accepted tokens per step (MAT)" in text
+    assert "time: draft" in text
