@@ -166,7 +166,8 @@ class DraftTree:
         if isinstance(laws, Deterministic | IID | WithoutReplacement):
             has_children = torch.zeros(tokens_t.numel() + 1, dtype=torch.bool)
             if parents_t.numel() and parents_t.numel() == tokens_t.numel():
-                has_children[(parents_t + 1).clamp(min=0)] = True
+                # clamped so a bad parent reaches the validator's TreeStructureError
+                has_children[(parents_t + 1).clamp(0, tokens_t.numel())] = True
             law_rows: tuple = tuple(laws if flag else None for flag in has_children.tolist())
         else:
             law_rows = tuple(laws)
