@@ -192,9 +192,10 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     for entry in METHODS.values():
         reason = entry.availability()
         status = "" if reason is None else f"  [not available: {reason}]"
+        native = entry.native_defaults() if reason is None else {}
         print(f"{entry.name:<14}{entry.summary}{status}")
         for param in entry.params:
-            print(f"{'':<16}{param.describe()}")
+            print(f"{'':<16}{param.describe(native.get(param.name))}")
     return 0
 
 

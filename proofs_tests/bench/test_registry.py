@@ -51,6 +51,28 @@ def test_tuple_parameters_parse_dotted_integers() -> None:
     assert spec.label == "specinfer:branching=4.2.2"
 
 
+def test_model_free_drafter_specs_parse() -> None:
+    """`pld:max=6:tree=false` and `dtr:budget=auto` parse to their constructors' names."""
+    pld = parse_method("pld:max=6:tree=false", METHODS)
+    assert pld.params["max"] == 6 and pld.params["tree"] is False
+    assert parse_method("dtr:budget=auto", METHODS).params["budget"] == "auto"
+    assert parse_method("dtr:budget=24", METHODS).params["budget"] == 24
+    with pytest.raises(ConfigError, match="must be an integer >= 0 or `auto`"):
+        parse_method("dtr:budget=lots", METHODS)
+
+
+def test_unset_parameters_take_the_drafters_own_defaults() -> None:
+    """A parameter without a registry default takes the drafter constructor's default."""
+    import inspect
+
+    from verispec.bench.methods import drafter_class
+
+    spec = parse_method("pld", METHODS)
+    signature = inspect.signature(drafter_class("prompt_lookup", "PromptLookup").__init__)
+    assert spec.params["max"] == signature.parameters["max_tokens"].default
+    assert spec.params["tree"] == signature.parameters["tree"].default
+
+
 def test_unknown_method_lists_the_allowed_ones() -> None:
     """An unknown name raises ConfigError naming it and every registered method."""
     with pytest.raises(ConfigError, match="unknown method `eagle`") as info:
@@ -134,7 +156,7 @@ def test_a_missing_drafter_module_is_reported_not_available() -> None:
     assert spec.label == "ghost"
     METHODS["ghost"] = entry
     try:
-        with pytest.raises(ConfigError, match="`ghost`: module `verispec.drafters"):
+        with pytest.raises(ConfigError, match=r"`ghost`: module `verispec\.drafters"):
             check_available([spec])
     finally:
         del METHODS["ghost"]

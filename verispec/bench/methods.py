@@ -27,6 +27,7 @@ Draft-model methods draft with a *self-draft view* of the target: its first
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +68,21 @@ def _class_available(module: str, name: str) -> Callable[[], str | None]:
     return check
 
 
+def _native(module: str, name: str, rename: dict[str, str] | None = None) -> Callable:
+    """The constructor defaults of ``verispec.drafters.<module>.<name>``, by parameter name."""
+
+    def defaults() -> dict[str, Any]:
+        cls = drafter_class(module, name)
+        back = {v: k for k, v in (rename or {}).items()}
+        found = {}
+        for param in inspect.signature(cls.__init__).parameters.values():
+            if param.default is not inspect.Parameter.empty:
+                found[back.get(param.name, param.name)] = param.default
+        return found
+
+    return defaults
+
+
 def _kwargs(params: dict[str, Any], rename: dict[str, str] | None = None) -> dict[str, Any]:
     """Constructor keywords: ``None`` values (the drafter's own default) left out."""
     rename = rename or {}
@@ -101,6 +117,24 @@ def _model_free(module: str, name: str, rename: dict[str, str] | None = None) ->
         return EngineRunner(context, cls(**_kwargs(params, rename)))
 
     return build
+
+
+def _int_or_auto(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if text.isdigit():
+        return int(text)
+    raise ValueError("an integer >= 0 or `auto`")
+
+
+def _build_dtr(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    cls = drafter_class("dynamic_token_recycling", "DynamicTokenRecycling")
+    kwargs = _kwargs(params)
+    if kwargs.get("budget") == "auto":
+        from verispec.drafters.budget import latency_for
+
+        kwargs["latency"] = latency_for(context.target)  # measured once per device, cached
+    return EngineRunner(context, cls(vocab_size=context.target.vocab_size, **kwargs))
 
 
 def _self_draft(context: BenchContext, layers: int) -> Any:
@@ -227,20 +261,44 @@ def _entries() -> list[MethodEntry]:
             ),
             _build_tr,
             _class_available("token_recycling", "TokenRecycling"),
+            _native("token_recycling", "TokenRecycling"),
         ),
         MethodEntry(
             "dtr",
-            "Dynamic Token Recycling (tree sized to the device's cost model)",
-            (),
-            _model_free("dynamic_token_recycling", "DynamicTokenRecycling"),
+            "Dynamic Token Recycling: calibrated dynamic tree, budget per device, PLD fusion",
+            (
+                Param(
+                    "budget",
+                    str,
+                    None,
+                    "nodes per step, or auto (latency table)",
+                    convert=_int_or_auto,
+                    shown_kind="int|auto",
+                ),
+                Param("k", int, None, "candidates recycled per token (K)", 1, 1024),
+                Param("fusion", bool, None, "add prompt-lookup candidates"),
+                Param("max_budget", int, None, "most nodes `auto` may choose", 1),
+                Param("max_depth", int, None, "deepest node considered", 1),
+                Param("decay", float, None, "per-step forgetting of the calibration", 0, 1),
+            ),
+            _build_dtr,
             _class_available("dynamic_token_recycling", "DynamicTokenRecycling"),
+            _native("dynamic_token_recycling", "DynamicTokenRecycling"),
         ),
         MethodEntry(
             "pld",
             "prompt lookup: n-gram matches in the context, as a tree of candidates",
-            (),
-            _model_free("prompt_lookup", "PromptLookup"),
+            (
+                Param("max", int, None, "most draft nodes per step (max_tokens)", 1),
+                Param("min_ngram", int, None, "shortest suffix matched", 1),
+                Param("max_ngram", int, None, "longest suffix matched", 1),
+                Param("max_matches", int, None, "earlier occurrences merged per step", 1),
+                Param("tree", bool, None, "a tree of continuations (false: one chain)"),
+                Param("acceptance", float, None, "assumed acceptance, splits depth/branches", 0, 1),
+            ),
+            _model_free("prompt_lookup", "PromptLookup", rename={"max": "max_tokens"}),
             _class_available("prompt_lookup", "PromptLookup"),
+            _native("prompt_lookup", "PromptLookup", rename={"max": "max_tokens"}),
         ),
         MethodEntry(
             "chain",
@@ -248,6 +306,7 @@ def _entries() -> list[MethodEntry]:
             (_DRAFT_LAYERS, Param("k", int, None, "chain length (draft tokens per step)", 1)),
             _draft_model("chain", "Chain"),
             _class_available("chain", "Chain"),
+            _native("chain", "Chain"),
         ),
         MethodEntry(
             "specinfer",
@@ -255,6 +314,7 @@ def _entries() -> list[MethodEntry]:
             (_DRAFT_LAYERS, _BRANCHING, _BUDGET),
             _draft_model("specinfer", "SpecInferTree"),
             _class_available("specinfer", "SpecInferTree"),
+            _native("specinfer", "SpecInferTree"),
         ),
         MethodEntry(
             "dyspec",
@@ -267,6 +327,7 @@ def _entries() -> list[MethodEntry]:
             ),
             _build_dyspec,
             _class_available("dyspec", "DySpec"),
+            _native("dyspec", "DySpec"),
         ),
         MethodEntry(
             "rsdc",
@@ -274,6 +335,7 @@ def _entries() -> list[MethodEntry]:
             (_DRAFT_LAYERS, _BRANCHING, _BUDGET),
             _draft_model("rsd_constant", "RSDConstant"),
             _class_available("rsd_constant", "RSDConstant"),
+            _native("rsd_constant", "RSDConstant"),
         ),
         MethodEntry(
             "rsds",
@@ -286,6 +348,7 @@ def _entries() -> list[MethodEntry]:
             ),
             _draft_model("rsd_beam", "RSDStochasticBeam"),
             _class_available("rsd_beam", "RSDStochasticBeam"),
+            _native("rsd_beam", "RSDStochasticBeam"),
         ),
     ]
 

@@ -41,6 +41,9 @@ class Param:
         help: one line for ``verispec methods``.
         minimum, maximum: inclusive bounds for numbers.
         choices: the allowed values for strings (``None``: any).
+        convert: for ``str`` parameters, a function that turns the text into the value
+            or raises ``ValueError`` with the reason (e.g. "an integer or auto").
+        shown_kind: the type as ``verispec methods`` shows it, when ``kind`` says too little.
     """
 
     name: str
@@ -50,6 +53,8 @@ class Param:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[str, ...] | None = None
+    convert: Callable[[str], Any] | None = None
+    shown_kind: str | None = None
 
     def parse(self, text: str, method: str) -> Any:
         """The typed value of ``text``; raises :class:`ConfigError` naming ``method``."""
@@ -90,6 +95,11 @@ class Param:
                 )
             if not value:
                 raise ConfigError(f"{where} must not be empty.")
+            if self.convert is not None:
+                try:
+                    return self.convert(value)
+                except ValueError as exc:
+                    raise ConfigError(f"{where} must be {exc}; got {text!r}.") from None
             return value
         self._check_bounds(value, where, text)
         return value
@@ -100,8 +110,9 @@ class Param:
         if self.maximum is not None and value > self.maximum:
             raise ConfigError(f"{where} must be <= {self.maximum:g}; got {text}.")
 
-    def describe(self) -> str:
-        kind = "ints a.b.c" if self.kind is tuple else self.kind.__name__
+    def describe(self, native: Any = None) -> str:
+        """One line: name, type, bounds, default (``native``: the drafter's own default)."""
+        kind = self.shown_kind or ("ints a.b.c" if self.kind is tuple else self.kind.__name__)
         if self.choices:
             kind = "|".join(self.choices)
         bounds = ""
@@ -111,7 +122,8 @@ class Param:
             bounds = f" >= {self.minimum:g}"
         elif self.maximum is not None:
             bounds = f" <= {self.maximum:g}"
-        default = "the method's own" if self.default is None else _show(self.default)
+        shown = self.default if self.default is not None else native
+        default = "unset" if shown is None else _show(shown)
         return f"{self.name} ({kind}{bounds}, default {default}): {self.help}"
 
 
@@ -128,6 +140,8 @@ class MethodEntry:
         availability: returns ``None`` when the method can run in this installation,
             otherwise the reason it cannot (a drafter module not installed, a
             transformers feature missing). Must not load the model.
+        native_defaults: the drafter's own defaults of the parameters whose registry
+            default is ``None`` (read from its constructor); ``{}`` when unknown.
     """
 
     name: str
@@ -135,6 +149,7 @@ class MethodEntry:
     params: tuple[Param, ...]
     build: Callable[[Any, dict[str, Any]], Any]
     availability: Callable[[], str | None] = attrs.field(default=lambda: None)
+    native_defaults: Callable[[], dict[str, Any]] = attrs.field(default=dict)
 
     def param(self, key: str) -> Param:
         for param in self.params:
@@ -214,7 +229,13 @@ def parse_method(
         if key in given:
             raise ConfigError(f"method `{head}`: parameter `{key}` is given twice.")
         given[key] = param.parse(value.strip(), head)
-    defaults = tuple((p.name, p.default) for p in entry.params)
+    try:
+        native = entry.native_defaults()
+    except ConfigError:  # the drafter is not installed: no defaults to show
+        native = {}
+    defaults = tuple(
+        (p.name, p.default if p.default is not None else native.get(p.name)) for p in entry.params
+    )
     return MethodSpec(name=head, given=tuple(given.items()), defaults=defaults)
 
 
