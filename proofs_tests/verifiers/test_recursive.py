@@ -333,6 +333,31 @@ def test_chain_of_one_accepts_a_certain_child() -> None:
     assert all(v.accepted == (0,) for v in verdicts)
 
 
+def test_verdict_follows_node_ids_not_tokens() -> None:
+    """Two cousins share a token; the walk continues at the accepted node's own row.
+
+    RSD's Algorithm 6 appends the accepted token where it means the node id (errata):
+    by token, node 3's subtree and node 2's would be confused. Root children a=0, b=1;
+    node 2 (token 2) under a, node 3 (token 2) under b. The target forces b, then token
+    2, then a bonus that differs between the two rows.
+    """
+    inf = math.inf
+    tree = DraftTree.from_parents([0, 1, 2, 2], [-1, -1, 0, 1], DETERMINISTIC)
+    logits = torch.tensor(
+        [
+            [-inf, 0.0, -inf, -inf, -inf, -inf],  # root: token 1 (node 1)
+            [-inf, -inf, 0.0, -inf, -inf, -inf],  # node 0
+            [-inf, -inf, 0.0, -inf, -inf, -inf],  # node 1: token 2 (node 3)
+            [-inf, -inf, -inf, -inf, 0.0, -inf],  # node 2's row: bonus 4 (must not be used)
+            [-inf, -inf, -inf, -inf, -inf, 0.0],  # node 3's row: bonus 5
+        ]
+    )
+    verdicts = RecursiveRejection().sample_verdicts(
+        tree, logits, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), 50
+    )
+    assert all(v.accepted == (1, 3) and v.extra_token == 5 for v in verdicts)
+
+
 # -- bad input -----------------------------------------------------------------------
 
 SAMPLING = SamplingParams(temperature=1.0)
