@@ -67,7 +67,7 @@ def test_falls_back_to_sdpa_once_per_reason(monkeypatch) -> None:  # type: ignor
             assert torch.equal(out, expected)
     assert len(caught) == 1 and "falls back to sdpa" in str(caught[0].message)
     additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
-    if not hf_attention.choose(query.device, "x") == "triton" and not _can_force():
+    if not _can_force():
         return
     with use_backend("triton"), pytest.warns(RuntimeWarning, match="float"):
         out = hf_attention.verispec_attention_forward(module, query, key, value, additive)[0]
