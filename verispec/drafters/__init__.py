@@ -2,21 +2,33 @@
 
 Model-free drafters: :class:`Autoregressive` (the empty tree), :class:`TokenRecycling`,
 :class:`PromptLookup`.
+Draft-model drafters: :class:`Chain`, :class:`SpecInferTree`, :class:`DySpec`,
+:class:`RSDConstant` (RSD-C), :class:`RSDStochasticBeam` (RSD-S).
 """
 
 from verispec.drafters.autoregressive import Autoregressive
 from verispec.drafters.budget import LatencyTable, choose_budget, latency_for, measure_latency
+from verispec.drafters.chain import Chain
 from verispec.drafters.dynamic_token_recycling import DynamicTokenRecycling
+from verispec.drafters.dyspec import DySpec
 from verispec.drafters.prompt_lookup import PromptLookup
+from verispec.drafters.rsd_beam import RSDStochasticBeam
+from verispec.drafters.rsd_constant import RSDConstant
+from verispec.drafters.specinfer import SpecInferTree
 from verispec.drafters.templates import TEMPLATES, TreeTemplate, resolve_template
 from verispec.drafters.token_recycling import TokenRecycling
 
 __all__ = [
     "TEMPLATES",
     "Autoregressive",
+    "Chain",
+    "DySpec",
     "DynamicTokenRecycling",
     "LatencyTable",
     "PromptLookup",
+    "RSDConstant",
+    "RSDStochasticBeam",
+    "SpecInferTree",
     "TokenRecycling",
     "TreeTemplate",
     "choose_budget",
