@@ -47,7 +47,7 @@ def test_defaults_are_greedy_and_unfiltered() -> None:
     assert (params.top_k, params.top_p, params.min_p) == (0, 1.0, 0.0)
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(data=st.data(), params=sampling_params())
 def test_probs_is_a_distribution_on_the_finite_logits(data: st.DataObject, params) -> None:
     """Every row is non-negative, sums to 1, vanishes on -inf logits and keeps the argmax."""

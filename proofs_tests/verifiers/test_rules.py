@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 from reference_rules import DETERMINISTIC as REF_DETERMINISTIC
 from reference_rules import IID as REF_IID
@@ -37,7 +37,7 @@ from verispec.verifiers._rules import (
 )
 
 TOL = 1e-12
-MAX_EXAMPLES = {"reference": 120, "library": 50, "row": 150, "chain": 100, "joint": 30}
+MAX_EXAMPLES = {"reference": 200, "library": 50, "row": 150, "chain": 100, "joint": 30}
 LIBRARY_SEQUENCES = 120  # library enumeration: child counts with at most this many sequences
 
 
@@ -106,9 +106,28 @@ def test_reference_without_replacement_exact_for_every_child_count(data: st.Data
     """Recursive rejection on draws without replacement emits exactly q for 1..|supp p|."""
     size = data.draw(vocab_sizes())
     target, draft = (as_tuple(t) for t in data.draw(distribution_pairs(size)))
+    event(f"V={size}, children up to {sum(w > 0 for w in draft)}")
     laws = output_laws(target, Draws("wor", draft), REF_WOR, sum(w > 0 for w in draft))
     for k, law in enumerate(laws):
         assert max_error(law, target) < TOL, (k, law, target)
+
+
+@pytest.mark.parametrize("size", [7, 8])
+@pytest.mark.parametrize("seed", range(3))
+def test_reference_full_support_every_child_count(size: int, seed: int) -> None:
+    """Full-support pairs at V = 7, 8 (rare under hypothesis): every law, every child count."""
+    gen = torch.Generator().manual_seed(seed)
+    target, draft = (
+        as_tuple(torch.rand(size, generator=gen, dtype=torch.float64).softmax(0)) for _ in range(2)
+    )
+    checks = [
+        (Draws("fixed", tokens=tuple(range(size))), REF_DETERMINISTIC, size),
+        (Draws("iid", draft), REF_IID, size + 2),
+        (Draws("wor", draft), REF_WOR, size),
+    ]
+    for draws, rule, max_children in checks:
+        for k, law in enumerate(output_laws(target, draws, rule, max_children)):
+            assert max_error(law, target) < TOL, (rule.name, k)
 
 
 # -- the library's arithmetic --------------------------------------------------------
