@@ -75,9 +75,10 @@ def test_falls_back_to_sdpa_once_per_reason(monkeypatch) -> None:  # type: ignor
 
 
 def _can_force() -> bool:
-    from verispec.kernels.backend import interpreting, triton_available
+    """Whether Triton can be forced on CPU tensors (the interpreter is on)."""
+    from verispec.kernels.backend import interpreting
 
-    return triton_available() and (torch.cuda.is_available() or interpreting())
+    return interpreting()
 
 
 def test_greedy_decoding_with_kernels_is_token_identical(triton_backend, device) -> None:
