@@ -20,7 +20,13 @@ from verispec.core import (
     Verdict,
 )
 from verispec.drafters.budget import LatencyTable
-from verispec.drafters.dynamic_token_recycling import DynamicTokenRecycling, _decode, _encode
+from verispec.drafters.dynamic_token_recycling import (
+    DynamicTokenRecycling,
+    _decode,
+    _encode,
+    code_to_score,
+    score_to_code,
+)
 from verispec.drafters.prompt_lookup import PromptLookup
 from verispec.drafters.token_recycling import row_topk_scored
 from verispec.errors import ConfigError, IncompatibleModelsError
@@ -43,12 +49,12 @@ def _state(tokens: list[int], max_nodes: int = 1 << 30, seed: int = 0) -> Decode
 def _fill(drafter: DynamicTokenRecycling, vocab: int, seed: int) -> None:
     """A random scored matrix: every row known, distinct ids, descending scores."""
     generator = torch.Generator().manual_seed(seed)
-    assert drafter._ids is not None and drafter._scores is not None
+    assert drafter._ids is not None and drafter._codes is not None
     k = drafter.k
     ids = torch.stack([torch.randperm(vocab, generator=generator)[:k] for _ in range(vocab)])
     scores = torch.rand(vocab, k, generator=generator).sort(dim=1, descending=True).values
     drafter._ids[:] = _encode(ids, drafter._ids.dtype)
-    drafter._scores[:] = scores.clamp(min=0.01).half()
+    drafter._codes[:] = score_to_code(scores.clamp(min=0.01))
 
 
 # -- the value of a node -------------------------------------------------------------------
@@ -183,7 +189,7 @@ def test_update_writes_topk_ids_and_scores() -> None:
     for row, token in enumerate([5, 1, 2]):
         top = torch.topk(logits[row], k)
         assert ids[token, :k].tolist() == top.indices.tolist()
-        assert torch.allclose(scores[token, :k], probs[row, top.indices], rtol=1e-3)
+        assert torch.allclose(scores[token, :k], probs[row, top.indices], rtol=1 / 30)
     assert (scores[[0, 3, 4, 6]] == 0).all()
 
 
@@ -196,20 +202,25 @@ def test_scores_bound_the_true_probability_at_large_vocabulary() -> None:
 
 
 def test_state_is_compact() -> None:
-    """int16 ids (offset) plus float16 scores: 49,152 x 8 x 4 bytes = 1.5 MiB; int32 ids above
-    V = 65,536."""
-    assert DynamicTokenRecycling(vocab_size=49152).state_bytes == 49152 * 8 * 4
-    assert DynamicTokenRecycling(vocab_size=70000).state_bytes == 70000 * 8 * 6
+    """int16 ids (offset) plus uint8 score codes: 49,152 x 8 x 3 bytes = 1.125 MiB; int32 ids
+    above V = 65,536."""
+    assert DynamicTokenRecycling(vocab_size=49152).state_bytes == 49152 * 8 * 3 == 1_179_648
+    assert DynamicTokenRecycling(vocab_size=70000).state_bytes == 70000 * 8 * 5
     ids = torch.tensor([0, 1, 32767, 32768, 49151, 65535])
     assert _decode(_encode(ids, torch.int16)).tolist() == ids.tolist()
+    scores = torch.tensor([1.0, 0.5, 0.01, 1e-5, 1e-12])
+    back = code_to_score(score_to_code(scores))
+    assert torch.allclose(back[:4], scores[:4], rtol=1 / 31)  # steps of 1/16 in log
+    assert back[4] > 0 and score_to_code(scores).min() == 1  # tiny scores stay known
+    assert code_to_score(torch.tensor([0], dtype=torch.uint8)).item() == 0
 
 
 def test_calibration_counts_only_nodes_whose_parent_was_accepted() -> None:
     """A try is a node whose parent row was accepted; a hit an accepted node."""
     drafter = DynamicTokenRecycling(8, k=2, fusion=False, decay=1.0, vocab_size=6)
-    assert drafter._ids is not None and drafter._scores is not None
+    assert drafter._ids is not None and drafter._codes is not None
     drafter._ids[:] = _encode(torch.tensor([[1, 2]] * 6), torch.int16)
-    drafter._scores[:] = torch.tensor([[0.97, 0.01]] * 6).half()
+    drafter._codes[:] = score_to_code(torch.tensor([[0.97, 0.01]] * 6))
     tree = drafter.propose(_state([0]))
     # nodes by depth: 1 (0.97), 2 (0.01) at depth 1; below 1: 1, 2 ...
     accepted = (0,)  # node 0 (token 1) accepted, then rejected below it
@@ -254,16 +265,16 @@ def test_fusion_adds_context_continuations_and_merges_shared_paths() -> None:
         [9, 1, 4, 7, 8],
     ]
     both = DynamicTokenRecycling(5, k=2, vocab_size=12, prompt_lookup=PromptLookup(max_ngram=3))
-    assert both._ids is not None and both._scores is not None
+    assert both._ids is not None and both._codes is not None
     both._ids[8] = _encode(torch.tensor([9, 3]), torch.int16)
-    both._scores[8] = torch.tensor([0.9, 0.05]).half()
+    both._codes[8] = score_to_code(torch.tensor([0.9, 0.05]))
     both.begin(_state(context))
     tree = both.propose(_state(context))
     paths = [tuple(tree.path_tokens(i)) for i in range(len(tree))]
     assert len(paths) == len(set(paths))
     assert paths.count((9,)) == 1
     solo = DynamicTokenRecycling(5, k=2, fusion=False, vocab_size=12)
-    solo._ids[8], solo._scores[8] = both._ids[8], both._scores[8]  # type: ignore[index]
+    solo._ids[8], solo._codes[8] = both._ids[8], both._codes[8]  # type: ignore[index]
     solo.propose(_state(context))
     v_tr = float(solo.last_values[0])
     v_pld = float(lone.last_values[0])

@@ -7,8 +7,9 @@ for a budget. Not in either paper: everything below is verispec's design.
 
 **Scored adjacency.** Beside each recycled candidate id ``M[t, j]`` the drafter keeps the
 score ``S[t, j]`` it had when it was written (``row_topk_scored``: a probability under a
-softmax over block maxima, float16; 0 marks an unknown slot). Ids are int16 (offset by
-32,768) when V <= 65,536, else int32: 49,152 x 8 x (2 + 2) bytes = 1.5 MiB for SmolLM2.
+softmax over block maxima), as a uint8 code of its logarithm in steps of 1/16 (code 0
+marks an unknown slot). Ids are int16 (offset by 32,768) when V <= 65,536, else int32:
+49,152 x 8 x (2 + 1) bytes = 1.125 MiB for SmolLM2.
 
 **Node value.** Every node's children are deterministic candidates, so the verifier
 accepts child ``c`` of an accepted row with probability exactly ``q(c)`` (``q`` the
@@ -16,8 +17,9 @@ target's processed distribution there), whatever siblings were tried before it (
 docs/methods/dynamic_token_recycling.rst). A node's value — the probability its whole
 path is accepted — is therefore its parent's value times its own acceptance estimate,
 and the expected tokens per step is ``1 + sum of the values``. The estimate is a table
-indexed by depth and score bucket, calibrated online: ``(hits + m prior) / (tries + m)``
-over the nodes whose parent was accepted, with exponential forgetting.
+indexed by depth and score bucket (13 buckets), calibrated online as
+``(hits + m prior) / (tries + m)`` over the nodes whose parent was accepted, with
+exponential forgetting.
 
 **Tree.** A level-by-level beam over the matrix keeps, at each depth, the ``W`` most
 valuable nodes (``W`` the largest budget): every node of the global top ``W`` is in its
@@ -53,7 +55,7 @@ from verispec.drafters.prompt_lookup import PromptLookup
 from verispec.drafters.token_recycling import last_occurrence_mask, row_topk_scored
 from verispec.errors import ConfigError, IncompatibleModelsError
 
-__all__ = ["Calibration", "DynamicTokenRecycling"]
+__all__ = ["Calibration", "DynamicTokenRecycling", "code_to_score", "score_to_code"]
 
 _TR_EDGES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 _PLD_EDGES = (0.3, 0.45, 0.7, 0.99)
@@ -87,10 +89,21 @@ class Calibration:
         self.strength, self.decay = strength, decay
         self.hits = torch.zeros(depths, len(edges) + 1, dtype=torch.float64)
         self.tries = torch.zeros_like(self.hits)
+        self._code_buckets = torch.bucketize(
+            code_to_score(torch.arange(256, dtype=torch.uint8)), self.edges
+        )
 
     def reset(self) -> None:
         self.hits.zero_()
         self.tries.zero_()
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.edges) + 1
+
+    def code_buckets(self) -> torch.Tensor:
+        """int64, Shape: (256,). Score bucket of every uint8 score code."""
+        return self._code_buckets
 
     def cells(self, depth: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
         """int64 flat cell index of each (depth, score); depth is 1-based. Same shape."""
@@ -111,6 +124,21 @@ class Calibration:
         flat = cells[use]
         self.tries.view(-1).index_add_(0, flat, torch.ones(flat.numel(), dtype=torch.float64))
         self.hits.view(-1).index_add_(0, flat, hit[use].to(torch.float64))
+
+
+_CODE_STEP = 16.0  # score codes: log(score) in steps of 1/16, code 255 = score 1
+
+
+def score_to_code(score: torch.Tensor) -> torch.Tensor:
+    """uint8 code of scores in (0, 1]: ``255 + 16 ln(score)`` rounded, at least 1 (0 = unknown)."""
+    code = torch.round(255.0 + _CODE_STEP * score.float().clamp(min=1e-30).log())
+    return code.clamp_(1, 255).to(torch.uint8)
+
+
+def code_to_score(code: torch.Tensor) -> torch.Tensor:
+    """float32 scores of uint8 codes; code 0 (unknown) gives 0."""
+    score = torch.exp((code.float() - 255.0) / _CODE_STEP)
+    return torch.where(code > 0, score, 0.0)
 
 
 def _encode(ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -192,7 +220,7 @@ class DynamicTokenRecycling:
         self.tr_calibration = Calibration(_TR_EDGES, tr_prior, 8, prior_strength, decay)
         self.pld_calibration = Calibration(_PLD_EDGES, pld_prior, 8, prior_strength, decay)
         self._ids: torch.Tensor | None = None  # (V, K) int16 (offset) or int32
-        self._scores: torch.Tensor | None = None  # (V, K) float16, 0 = unknown
+        self._codes: torch.Tensor | None = None  # (V, K) uint8 score codes, 0 = unknown
         self._last: tuple[DraftTree, torch.Tensor, torch.Tensor] | None = None
         self.last_values = torch.empty(0, dtype=torch.float64)  # values of the last tree's nodes
         if vocab_size is not None:
@@ -203,25 +231,25 @@ class DynamicTokenRecycling:
     def _allocate(self, vocab_size: int) -> None:
         dtype = torch.int16 if vocab_size <= 65536 else torch.int32
         self._ids = torch.zeros(vocab_size, self.k, dtype=dtype)
-        self._scores = torch.zeros(vocab_size, self.k, dtype=torch.float16)
+        self._codes = torch.zeros(vocab_size, self.k, dtype=torch.uint8)
 
     @property
     def state_bytes(self) -> int:
-        """Bytes of the scored adjacency (ids and scores)."""
-        if self._ids is None or self._scores is None:
+        """Bytes of the scored adjacency (ids and score codes)."""
+        if self._ids is None or self._codes is None:
             return 0
-        return sum(t.numel() * t.element_size() for t in (self._ids, self._scores))
+        return sum(t.numel() * t.element_size() for t in (self._ids, self._codes))
 
     def adjacency(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(int64 ids, float32 scores), Shape: (V, K) each, or ``None`` before the first step."""
-        if self._ids is None or self._scores is None:
+        if self._ids is None or self._codes is None:
             return None
-        return _decode(self._ids), self._scores.float()
+        return _decode(self._ids), code_to_score(self._codes)
 
     def reset(self) -> None:
         """Forget the matrix, the calibration and the context index."""
-        if self._scores is not None:
-            self._scores.zero_()
+        if self._codes is not None:
+            self._codes.zero_()
         self.tr_calibration.reset()
         self.pld_calibration.reset()
         self.lookup.reset()
@@ -231,49 +259,40 @@ class DynamicTokenRecycling:
 
     def _recycled(self, root: int, width: int, depth_cap: int) -> tuple[torch.Tensor, ...]:
         """Beam over the scored matrix: tokens, parents, values, depths, cells (Shape: (M,))."""
-        ids, scores = self._ids, self._scores
+        ids, codes = self._ids, self._codes
         empty = torch.empty(0, dtype=torch.long)
-        if ids is None or scores is None or root >= ids.shape[0] or width == 0:
+        if ids is None or codes is None or root >= ids.shape[0] or width == 0:
             return empty, empty, empty.double(), empty, empty
-        rates = self.tr_calibration.rates()
+        cal = self.tr_calibration
+        buckets = cal.code_buckets()  # (256,)
+        rate_of_code = cal.rates().reshape(cal.depths, -1)[:, buckets]  # (depths, 256)
+        rate_of_code[:, 0] = 0.0  # unknown slots are worth nothing
         k = ids.shape[1]
         front_tok = torch.tensor([root])
         front_val = torch.ones(1, dtype=torch.float64)
         front_idx = torch.tensor([-1])
         parts: list[tuple[torch.Tensor, ...]] = []
+        best = torch.empty(0, dtype=torch.float64)  # the `width` largest values so far
         count = 0
-        kth_best = 0.0
         for depth in range(1, depth_cap + 1):
-            child_sc = scores[front_tok].float()  # (F, K)
-            cells = self.tr_calibration.cells(
-                torch.full_like(child_sc, depth, dtype=torch.long), child_sc
-            )
-            value = front_val[:, None] * rates[cells]  # (F, K)
-            value = torch.where(child_sc > 0, value, 0.0).reshape(-1)
-            top = torch.topk(value, min(width, value.numel()))
-            keep = top.values > 0
-            pos = top.indices[keep]
-            if pos.numel() == 0:
-                break
-            new_val = top.values[keep]
-            if count >= width and float(new_val[0]) <= kth_best:
-                break  # nothing deeper can enter the top `width`
-            new_tok = _decode(ids[front_tok[pos // k], pos % k])
-            new_idx = torch.arange(count, count + pos.numel())
-            parts.append(
-                (
-                    new_tok,
-                    front_idx[pos // k],
-                    new_val,
-                    torch.full_like(pos, depth),
-                    cells.reshape(-1)[pos],
-                )
-            )
-            count += pos.numel()
-            front_tok, front_val, front_idx = new_tok, new_val, new_idx
-            if count >= width:
-                all_vals = torch.cat([p[2] for p in parts])
-                kth_best = float(torch.topk(all_vals, width).values[-1])
+            row = min(depth, cal.depths) - 1
+            child_codes = codes.index_select(0, front_tok).long()  # (F, K)
+            value = front_val[:, None] * rate_of_code[row].take(child_codes)  # (F, K)
+            top_val, pos = torch.topk(value.reshape(-1), min(width, value.numel()))  # descending
+            alive = int(torch.count_nonzero(top_val))
+            if alive == 0 or (best.numel() == width and float(top_val[0]) <= float(best[-1])):
+                break  # nothing known below, or nothing deeper can enter the top `width`
+            top_val, pos = top_val[:alive], pos[:alive]
+            parent = pos // k
+            tok = _decode(ids.index_select(0, front_tok).take(pos))
+            cell = buckets.take(child_codes.take(pos)) + row * cal.num_buckets
+            idx = torch.arange(count, count + alive)
+            parts.append((tok, front_idx.take(parent), top_val, torch.full_like(pos, depth), cell))
+            count += alive
+            best = torch.cat([best, top_val])
+            if best.numel() > width:
+                best = torch.topk(best, width).values
+            front_tok, front_val, front_idx = tok, top_val, idx
         if not parts:
             return empty, empty, empty.double(), empty, empty
         return tuple(torch.cat([p[i] for p in parts]) for i in range(5))
@@ -376,8 +395,8 @@ class DynamicTokenRecycling:
         vocab = logits.shape[-1]
         if self._ids is None:
             self._allocate(vocab)
-        ids, scores = self._ids, self._scores
-        assert ids is not None and scores is not None
+        ids, codes = self._ids, self._codes
+        assert ids is not None and codes is not None
         if ids.shape[0] != vocab:
             raise IncompatibleModelsError(
                 f"this drafter's matrix has {ids.shape[0]} rows but the target's vocabulary "
@@ -391,7 +410,7 @@ class DynamicTokenRecycling:
         keep = last_occurrence_mask(scored)
         rows = scored[keep]
         ids[rows, :k] = _encode(top[keep].cpu(), ids.dtype)
-        scores[rows, :k] = score[keep].cpu().to(torch.float16).clamp_(min=2**-24)
+        codes[rows, :k] = score_to_code(score[keep].cpu())
         if self._last is not None and self._last[0] is tree:
             on_path = torch.zeros(tree.num_nodes + 1, dtype=torch.bool)
             on_path[0] = True
