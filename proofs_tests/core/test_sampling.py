@@ -103,6 +103,21 @@ def test_top_p_keeps_the_smallest_prefix_reaching_the_mass() -> None:
         assert torch.allclose(probs[:kept], base[:kept] / base[:kept].sum(), atol=1e-15)
 
 
+@pytest.mark.parametrize("scale", [4.0, 0.5, 0.02])
+def test_top_p_matches_a_full_sort_at_large_vocabularies(scale: float) -> None:
+    """The top-k search for the top-p cut (256, 4096, then V tokens) equals a full sort."""
+    gen = torch.Generator().manual_seed(0)
+    logits = scale * torch.randn(2, 5000, generator=gen, dtype=torch.float64)
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    probs = torch.softmax(logits, -1)
+    sorted_probs, order = probs.sort(-1, descending=True)
+    keep_sorted = (sorted_probs.cumsum(-1) - sorted_probs) < 0.9
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    expected = torch.where(keep, probs, 0.0)
+    expected = expected / expected.sum(-1, keepdim=True)
+    assert torch.allclose(params.probs(logits, torch.float64), expected, atol=1e-15)
+
+
 def test_top_p_is_applied_after_temperature() -> None:
     """The top_p mass is measured on the tempered distribution."""
     logits = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64).log()

@@ -62,6 +62,32 @@ def _non_finite_error(logits: torch.Tensor) -> NonFiniteLogitsError:
     )
 
 
+_TOP_P_CANDIDATES = 256  # first guess of how many tokens hold the top-p mass
+
+
+def _top_p_drop(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """bool, Shape: (..., V): tokens outside the smallest most-likely set of mass >= top_p.
+
+    A token is dropped when the mass of the tokens ranked before it already reaches
+    ``top_p``. Instead of sorting all V scores (about 13 ms at V = 49,152 on a 2-core
+    CPU), take the ``k`` largest, ``k = 256, 4096, ..., V``, until they hold the cut:
+    the tokens outside the top ``k`` are all dropped exactly when the top ``k`` have
+    mass >= ``top_p``. Same result as a full sort.
+    """
+    probs = scores.softmax(-1)
+    vocab_size = scores.shape[-1]
+    k = min(_TOP_P_CANDIDATES, vocab_size)
+    while True:
+        top, index = probs.topk(k, dim=-1)  # (..., k), sorted descending
+        cumulative = top.cumsum(-1)
+        if k == vocab_size or bool((cumulative[..., -1] >= top_p).all()):
+            break
+        k = min(16 * k, vocab_size)
+    drop_top = (cumulative - top) >= top_p
+    drop = torch.ones_like(probs, dtype=torch.bool)
+    return drop.scatter(-1, index, drop_top)
+
+
 @attrs.frozen
 class SamplingParams:
     """How logits are turned into the distribution decoding samples from.
@@ -124,12 +150,7 @@ class SamplingParams:
             kth = torch.topk(scores, self.top_k, dim=-1).values[..., -1:]
             scores = scores.masked_fill(scores < kth, -math.inf)
         if self.top_p < 1.0:
-            sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-            sorted_probs = sorted_scores.softmax(-1)
-            # drop a token when the mass strictly before it already reaches top_p
-            drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= self.top_p
-            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-            scores = scores.masked_fill(drop, -math.inf)
+            scores = scores.masked_fill(_top_p_drop(scores, self.top_p), -math.inf)
         probs = scores.softmax(-1)
         if self.min_p > 0:
             floor = self.min_p * probs.amax(-1, keepdim=True)

@@ -133,7 +133,8 @@ class RowRejection:
                 f"{draft_min} and mass {draft_mass}."
             )
         self._check_draws()
-        self._draft = draft.clone() if self._without_replacement else draft
+        self._draft = draft  # copied before the first exclusion (WoR), never written before
+        self._draft_is_copy = False
         self._draft_mass = draft_mass
         self._residual = target_probs
         self._residual_mass = target_mass
@@ -191,6 +192,9 @@ class RowRejection:
         residual = self._residual.sub(self._draft, alpha=self._residual_mass / self._draft_mass)
         residual.clamp_(min=0.0)
         if self._without_replacement:
+            if not self._draft_is_copy:
+                self._draft = self._draft.clone()
+                self._draft_is_copy = True
             self._draft[token] = 0.0  # p_{i+1}: c_i can no longer be drawn
         stats = [residual.sum()]
         if self._without_replacement:
