@@ -419,6 +419,15 @@ def test_non_finite_logits_raise(bad: float) -> None:
         _verify(_tree(), logits)
 
 
+@pytest.mark.parametrize("bad", [0, -3, 2.0, True])
+def test_num_samples_must_be_a_positive_integer(bad) -> None:
+    """sample_verdicts needs at least one sample."""
+    with pytest.raises(ConfigError, match="num_samples"):
+        RecursiveRejection().sample_verdicts(
+            _tree(), torch.zeros(3, 4), SAMPLING, torch.Generator(), bad
+        )
+
+
 def test_residual_dtype_must_be_float32_or_float64() -> None:
     """Only float32 and float64 residuals are offered."""
     with pytest.raises(ConfigError, match="residual_dtype"):

@@ -97,8 +97,12 @@ class RecursiveRejection:
         distribution, acceptance probabilities and residual) is computed once, when
         the first sample needs it, and shared; each sample then costs a few Python
         comparisons. Used by the sampled audits and to estimate a tree's acceptance.
-        Arguments and errors as :meth:`verify`.
+        On a CPU generator it consumes the random stream exactly as ``num_samples``
+        successive :meth:`verify` calls do, and returns the same verdicts. Arguments
+        and errors as :meth:`verify`; ``num_samples`` must be an integer >= 1.
         """
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ConfigError(f"`num_samples` must be an integer >= 1; got {num_samples!r}.")
         n = tree.num_nodes
         self._check(tree, target_logits)
         # coins[s][i] for node i of sample s; coins[s][n] for its extra token
