@@ -126,7 +126,7 @@ class TreeKVCache(Cache):
         Only ``len(source)`` entries per layer move: the accepted path of a tree.
         """
         buffers = [buffer for layer in self.buffer_layers for buffer in layer.buffers()]
-        with torch.inference_mode():
+        with torch.no_grad():
             # One Triton launch for every layer on CUDA; index_select + copy elsewhere.
             compact_kv(buffers, start, source)
         self.truncate(start + source.numel())

@@ -77,7 +77,7 @@ def _layer_indices(layers: int | Sequence[int] | None, num_layers: int) -> tuple
 class HFModel:
     """A Hugging Face causal LM behind the :class:`~verispec.core.types.LanguageModel` protocol.
 
-    Batch size 1. The model is put in eval mode and run under ``torch.inference_mode``.
+    Batch size 1. The model is put in eval mode and run under ``torch.no_grad``.
 
     Args:
         hf_model: a ``transformers`` causal LM (``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
@@ -379,18 +379,19 @@ class HFModel:
         ``tail``: bool, Shape: (Q, T). Returns Shape: (1, 1, Q, kv_offset + T), boolean
         (True = attend) for sdpa, additive (0 / dtype minimum) for eager.
         """
-        queries = tail.shape[0]
+        queries, width = tail.shape
         tail = tail.to(self.device, non_blocking=True)
         if kv_offset:
-            head = torch.ones(queries, kv_offset, dtype=torch.bool, device=self.device)
-            tail = torch.cat([head, tail], dim=1)
+            full = torch.ones(queries, kv_offset + width, dtype=torch.bool, device=self.device)
+            full[:, kv_offset:] = tail
+            tail = full
         mask = tail[None, None]
         if self.config._attn_implementation != "eager":  # sdpa, verispec: boolean masks
             return mask
         additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
         return additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: callers may modify the logits in place
     def _run(
         self,
         tokens: torch.Tensor,
