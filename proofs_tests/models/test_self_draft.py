@@ -98,3 +98,30 @@ def test_check_compatible(target: HFModel) -> None:
     other = tiny_llama(vocab_size=V + 1)
     with pytest.raises(IncompatibleModelsError, match="vocabulary"):
         check_compatible(target, other)
+
+
+@pytest.mark.parametrize("method", ["chain", "dyspec"])
+def test_self_draft_in_the_loop_is_greedy_exact(target: HFModel, method: str) -> None:
+    """A one-layer self-draft driving Chain or DySpec, verified greedily, reproduces
+    transformers' greedy generate, and the draft's cache stays in step with the target's."""
+    import verispec  # noqa: F401  (installs the default verifier policy)
+    from verispec.core import SpeculativeDecoder
+    from verispec.drafters import Chain, DySpec
+    from verispec.verifiers import Greedy
+
+    draft = self_draft(target, 1)
+    drafter = Chain(draft, k=3) if method == "chain" else DySpec(draft, budget=8)
+    decoder = SpeculativeDecoder(target, drafter, Greedy())
+    generator = torch.Generator().manual_seed(7)
+    target.hf_model.generation_config.eos_token_id = None
+    for _ in range(4):
+        prompt = torch.randint(0, V, (5,), generator=generator).tolist()
+        ids = torch.tensor([prompt])
+        expected = target.hf_model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+            pad_token_id=0,
+        )[0, 5:].tolist()  # fmt: skip
+        result = decoder.generate(prompt, max_new_tokens=20, eos_token_ids=[])
+        assert result.tokens == expected[: len(result.tokens)]
+        assert len(result.tokens) == 20
+        assert draft.num_committed == target.num_committed
