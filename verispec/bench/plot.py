@@ -3,7 +3,8 @@
 Left panel: grouped bars, one group per category (and "all"), one bar per method,
 height = tokens/s over the baseline's (``ar`` if it ran, else ``hf``). Right panel:
 one point per method, mean accepted tokens per step (MAT) against mean draft-tree
-nodes per step: how much each extra tree node buys.
+nodes per step: how much each extra tree node buys (methods whose tree size is not
+visible, transformers' drafting peers, are left out).
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def save_plot(report: BenchReport, path: str | Path) -> None:
     bars_ax.legend(fontsize="small", ncol=2)
 
     for label, f in report.methods.items():
-        size = f.mean_tree_size if f.mean_tree_size is not None else 0.0
+        if f.mean_tree_size is None:  # transformers' drafting peers: tree size not visible
+            continue
+        size = f.mean_tree_size
         mat_ax.scatter([size], [f.mean_accepted])
         mat_ax.annotate(
             label,

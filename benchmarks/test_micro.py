@@ -1,0 +1,213 @@
+"""Micro-benchmarks on the CPU: tree construction, tree masks, verification, KV commit.
+
+Sizes are the embedded model's: vocabulary V = 49,152; trees of N = 80 nodes (Token
+Recycling's published "2.2.2" template); a SmolLM2-shaped random model (30 layers,
+3 key/value heads of 64) for the KV cache. Run::
+
+    .venv/bin/python -m pytest benchmarks/test_micro.py
+
+pytest-benchmark prints min / median / max per case; nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from verispec.bench.methods import METHODS
+from verispec.bench.registry import parse_method
+from verispec.bench.runner import make_context
+from verispec.core import IID, DecodeState, DraftTree, SamplingParams, WithoutReplacement
+from verispec.core.engine import SpeculativeDecoder
+from verispec.verifiers import Greedy, RecursiveRejection
+
+V = 49152
+N = 80
+GREEDY = SamplingParams()
+SAMPLED = SamplingParams(temperature=1.0)
+
+
+def _prompt(length: int = 256, seed: int = 0) -> list[int]:
+    """A prompt with repeats (a 64-token block four times), so prompt lookup finds matches."""
+    generator = torch.Generator().manual_seed(seed)
+    block = torch.randint(V, (64,), generator=generator).tolist()
+    return (block * (length // 64 + 1))[:length]
+
+
+def _state(tokens: list[int], sampling: SamplingParams) -> DecodeState:
+    return DecodeState(
+        tokens=list(tokens),
+        prompt_length=len(tokens),
+        sampling=sampling,
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
+@pytest.fixture(scope="module")
+def tr_tree() -> DraftTree:
+    """An 80-node Token Recycling tree over a fully populated random adjacency matrix."""
+    from verispec.drafters import TokenRecycling
+
+    drafter = TokenRecycling(template="2.2.2", vocab_size=V)
+    adjacency = drafter.adjacency
+    assert adjacency is not None
+    generator = torch.Generator().manual_seed(1)
+    adjacency.copy_(torch.randint(V, adjacency.shape, generator=generator, dtype=torch.int32))
+    tree = drafter.propose(_state([5], GREEDY))
+    assert tree.num_nodes == N
+    return tree
+
+
+def _logits_accepting(tree: DraftTree, depth: int, seed: int = 2) -> torch.Tensor:
+    """Random float32 logits, Shape: (N + 1, V), whose argmax follows the first-child path."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(tree.num_nodes + 1, V, generator=generator)
+    row = 0
+    for _ in range(depth):
+        if not tree.children[row]:
+            break
+        child = tree.children[row][0]
+        logits[row, int(tree.tokens[child])] = 50.0
+        row = child + 1
+    return logits
+
+
+# -- 1. tree construction per drafter --------------------------------------------------
+
+_DRAFTER_SPECS = [
+    "tr:template=8",
+    "tr:template=16",
+    "tr:template=32",
+    "tr",
+    "pld",
+    "dtr",
+    "chain",
+    "specinfer",
+    "dyspec",
+    "rsdc",
+    "rsds",
+]
+
+
+@pytest.mark.parametrize("spec_text", _DRAFTER_SPECS)
+def test_tree_construction(benchmark: Any, shaped_model: Any, spec_text: str) -> None:
+    """Time one ``propose`` of each drafter after a short warm generation (V = 49,152)."""
+    spec = parse_method(spec_text, METHODS)
+    reason = METHODS[spec.name].availability()
+    if reason is not None:
+        pytest.skip(reason)
+    context = make_context(shaped_model, None)
+    drafter = METHODS[spec.name].build(context, spec.params).drafter
+    prompt = _prompt()
+    warm = SpeculativeDecoder(shaped_model, drafter).generate(prompt, max_new_tokens=8)
+    adjacency = getattr(drafter, "adjacency", None)
+    if spec.name == "tr" and adjacency is not None:  # a full tree, not the cold-start one
+        generator = torch.Generator().manual_seed(1)
+        adjacency.copy_(torch.randint(V, adjacency.shape, generator=generator, dtype=torch.int32))
+    sampling = SAMPLED if drafter.needs_draft_model else GREEDY
+    state = _state(prompt + warm.tokens, sampling)
+    if drafter.needs_draft_model:
+        tree = benchmark.pedantic(
+            drafter.propose, args=(state,), setup=lambda: drafter.begin(state), rounds=5
+        )
+    else:
+        drafter.begin(state)
+        tree = benchmark(drafter.propose, state)
+    benchmark.extra_info["nodes"] = tree.num_nodes
+
+
+def test_token_recycling_update(benchmark: Any, tr_tree: DraftTree) -> None:
+    """Time Token Recycling's matrix update after an 80-node step (top-8 of 81 x 49,152)."""
+    from verispec.core import StepOutcome
+    from verispec.drafters import TokenRecycling
+
+    drafter = TokenRecycling(template="2.2.2", vocab_size=V)
+    logits = _logits_accepting(tr_tree, depth=3)
+    verdict = Greedy().verify(tr_tree, logits)
+    state = _state([5, *verdict.committed_tokens(tr_tree)], GREEDY)
+    outcome = StepOutcome(tr_tree, logits, verdict, state)
+    benchmark(drafter.observe, outcome)
+
+
+# -- 2. tree masks ---------------------------------------------------------------------
+
+
+def test_ancestor_mask(benchmark: Any, tr_tree: DraftTree) -> None:
+    """Time DraftTree.ancestor_mask for a fresh 80-node tree (it is cached per tree)."""
+
+    def fresh() -> tuple[tuple[DraftTree], dict]:
+        return (DraftTree(tr_tree.tokens, tr_tree.parents, tr_tree.laws),), {}
+
+    mask = benchmark.pedantic(lambda tree: tree.ancestor_mask, setup=fresh, rounds=200)
+    assert mask.shape == (N, N)
+
+
+def test_model_attention_mask(benchmark: Any, shaped_model: Any, tr_tree: DraftTree) -> None:
+    """Time the adapter's 4-D attention mask: 512 cached tokens + the 80-node tree."""
+    build = getattr(shaped_model, "_attention_mask", None)
+    if build is None:
+        pytest.skip("the model adapter has no `_attention_mask`")
+    tail = torch.cat([torch.ones(N, 1, dtype=torch.bool), tr_tree.ancestor_mask], dim=1)
+    mask = benchmark(build, tail, 512)
+    assert mask.shape[-1] == 512 + N + 1
+
+
+# -- 3. verification at V = 49,152 and N = 80 ------------------------------------------
+
+
+def test_greedy_verify(benchmark: Any, tr_tree: DraftTree) -> None:
+    """Time Greedy.verify on an 80-node tree whose argmax path is 5 nodes deep."""
+    logits = _logits_accepting(tr_tree, depth=5)
+    verdict = benchmark(Greedy().verify, tr_tree, logits)
+    assert len(verdict.accepted) == 5
+
+
+def _with_law(tree: DraftTree, law: str) -> DraftTree:
+    """The same tree with every inner row drawn i.i.d. / without replacement from random p."""
+    if law == "deterministic":
+        return tree
+    generator = torch.Generator().manual_seed(3)
+    rows: list[Any] = []
+    kind = IID if law == "iid" else WithoutReplacement
+    for children in tree.children:
+        if not children:
+            rows.append(None)
+            continue
+        draft_probs = torch.softmax(2 * torch.randn(V, generator=generator), -1)
+        draft_probs[tree.tokens[list(children)]] += 0.05  # the drawn tokens carry mass
+        rows.append(kind(draft_probs / draft_probs.sum()))
+    assert len(rows) == tree.num_nodes + 1
+    return DraftTree(tree.tokens, tree.parents, tuple(rows))
+
+
+@pytest.mark.parametrize("law", ["deterministic", "iid", "without_replacement"])
+def test_stochastic_verify(benchmark: Any, tr_tree: DraftTree, law: str) -> None:
+    """Time RecursiveRejection.verify at temperature 1 for each proposal law."""
+    tree = _with_law(tr_tree, law)
+    logits = _logits_accepting(tree, depth=5)
+    verifier = RecursiveRejection()
+    generator = torch.Generator().manual_seed(4)
+    verdict = benchmark(verifier.verify, tree, logits, SAMPLED, generator)
+    benchmark.extra_info["accepted"] = len(verdict.accepted)
+
+
+# -- 4. KV commit ----------------------------------------------------------------------
+
+
+def test_kv_commit_side_branch(benchmark: Any, shaped_model: Any, tr_tree: DraftTree) -> None:
+    """Time commit of a side branch (2nd child of the root, then its 1st child) after an
+    80-node forward over 512 cached tokens, SmolLM2-shaped cache (30 x 3 x 64)."""
+    model = shaped_model
+    model.reset()
+    model.prefill(torch.tensor(_prompt(512), dtype=torch.long))
+    side = tr_tree.children[0][1]
+    path = [side, tr_tree.children[side + 1][0]] if tr_tree.children[side + 1] else [side]
+
+    def score() -> None:
+        model.forward_tree(tr_tree)
+
+    benchmark.pedantic(model.commit, args=(path, 7), setup=score, rounds=12)
+    benchmark.extra_info["context"] = model.num_committed
+    model.reset()
