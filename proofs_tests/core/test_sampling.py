@@ -50,7 +50,11 @@ def test_defaults_are_greedy_and_unfiltered() -> None:
 @settings(max_examples=100)
 @given(data=st.data(), params=sampling_params())
 def test_probs_is_a_distribution_on_the_finite_logits(data: st.DataObject, params) -> None:
-    """Every row is non-negative, sums to 1, vanishes on -inf logits and keeps the argmax."""
+    """Every row is non-negative, sums to 1, vanishes on -inf logits and keeps a maximum.
+
+    (Which of several tied maxima top-p keeps is unspecified, so the property is that
+    the tied maxima together keep positive mass.)
+    """
     logits = data.draw(logit_rows(3, data.draw(st.integers(1, 9))))
     for dtype in (torch.float32, torch.float64):
         probs = params.probs(logits, dtype)
@@ -58,8 +62,9 @@ def test_probs_is_a_distribution_on_the_finite_logits(data: st.DataObject, param
         assert bool((probs >= 0).all())
         assert torch.allclose(probs.sum(-1), torch.ones(3, dtype=dtype), atol=1e-6)
         assert bool((probs[logits == -math.inf] == 0).all())
-        best = logits.argmax(-1)
-        assert bool((probs.gather(-1, best[:, None]) > 0).all())
+        cast = logits.to(dtype)
+        maxima = cast == cast.amax(-1, keepdim=True)
+        assert bool(((probs * maxima).sum(-1) > 0).all())
 
 
 def test_temperature_zero_is_the_argmax_one_hot_in_the_logits_precision() -> None:
