@@ -213,9 +213,8 @@ class HFModel:
         head = ids_t[:-1]
         if head.numel():
             count = head.numel()
-            causal = torch.ones(count, count, dtype=torch.bool).tril_()
             positions = torch.arange(count)
-            self._run(head, positions, causal, kv_offset=0, keep_rows=0)
+            self._run(head, positions, None, kv_offset=0, keep_rows=0)  # None: causal
         self._cached = int(head.numel())
         self._pending = [int(ids_t[-1])]
 
@@ -373,12 +372,22 @@ class HFModel:
                 )
             expected = node
 
-    def _attention_mask(self, tail: torch.Tensor, kv_offset: int) -> torch.Tensor:
+    def _attention_mask(
+        self, tail: torch.Tensor | None, kv_offset: int, queries: int
+    ) -> torch.Tensor | None:
         """The 4-D mask over ``kv_offset`` cached entries then ``tail``'s columns.
 
-        ``tail``: bool, Shape: (Q, T). Returns Shape: (1, 1, Q, kv_offset + T), boolean
-        (True = attend) for sdpa, additive (0 / dtype minimum) for eager.
+        ``tail``: bool, Shape: (Q, T), or ``None`` for a causal pass over an empty cache
+        (the prefill), which sdpa runs without a mask. Returns Shape: (1, 1, Q,
+        kv_offset + T), boolean (True = attend) for sdpa, additive (0 / dtype minimum)
+        for eager.
         """
+        eager = self.config._attn_implementation == "eager"
+        if tail is None:
+            assert kv_offset == 0, "a causal pass needs an empty cache"
+            if not eager:
+                return None
+            tail = torch.ones(queries, queries, dtype=torch.bool, device=self.device).tril_()
         queries, width = tail.shape
         tail = tail.to(self.device, non_blocking=True)
         if kv_offset:
@@ -386,7 +395,7 @@ class HFModel:
             full[:, kv_offset:] = tail
             tail = full
         mask = tail[None, None]
-        if self.config._attn_implementation != "eager":  # sdpa, verispec: boolean masks
+        if not eager:  # sdpa, verispec: boolean masks
             return mask
         additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
         return additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
@@ -396,7 +405,7 @@ class HFModel:
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        tail_mask: torch.Tensor,
+        tail_mask: torch.Tensor | None,
         *,
         kv_offset: int,
         keep_rows: int | None,
@@ -409,7 +418,7 @@ class HFModel:
             return torch.empty((0, self.vocab_size), dtype=self._logits_dtype, device=self.device)
         ids = tokens.to(self.device, non_blocking=True)[None]  # (1, Q)
         position_ids = positions.to(self.device, non_blocking=True)[None]  # (1, Q)
-        mask = self._attention_mask(tail_mask, kv_offset)
+        mask = self._attention_mask(tail_mask, kv_offset, tokens.numel())
         hidden = self._decoder.embed_tokens(ids)
         position_embeddings = self._decoder.rotary_emb(hidden, position_ids)
         for layer in self._layers:
