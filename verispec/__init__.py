@@ -9,7 +9,8 @@ Quick start::
 
     import verispec
     model, tokenizer = verispec.load_default_model()
-    decoder = verispec.SpeculativeDecoder(model, verispec.drafters.TokenRecycling(), tokenizer=tokenizer)
+    drafter = verispec.drafters.TokenRecycling(template="16")
+    decoder = verispec.SpeculativeDecoder(model, drafter, tokenizer=tokenizer)
     result = decoder.generate("Explain speculative decoding.", max_new_tokens=64)
     print(result.text, result.mean_accepted_tokens)
 """

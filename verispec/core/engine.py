@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import attrs
 import torch
@@ -40,6 +40,7 @@ from verispec.core.types import (
 from verispec.errors import ConfigError, ContextLengthError, IncompatibleModelsError
 
 __all__ = [
+    "Autoregressive",
     "GenerationResult",
     "SpeculativeDecoder",
     "StepStats",
@@ -127,19 +128,30 @@ class GenerationResult:
         }
 
 
-class _NoDraft:
-    """The autoregressive baseline: always the empty tree."""
+class Autoregressive:
+    """Drafts nothing: every step commits exactly the target's own next token.
 
-    needs_draft_model = False
+    The decoder's drafter when none is given; public as
+    :class:`verispec.drafters.Autoregressive` (the ``ar`` baseline).
+    """
+
+    needs_draft_model: ClassVar[bool] = False
 
     def begin(self, state: DecodeState) -> None:
-        pass
+        """Nothing to prepare."""
 
     def propose(self, state: DecodeState) -> DraftTree:
-        return DraftTree.empty()
+        """The empty tree (only the root)."""
+        return _EMPTY_TREE
 
     def observe(self, outcome: StepOutcome) -> None:
-        pass
+        """Nothing to learn."""
+
+    def reset(self) -> None:
+        """Nothing to forget."""
+
+
+_EMPTY_TREE = DraftTree.empty()
 
 
 class SpeculativeDecoder:
@@ -163,7 +175,7 @@ class SpeculativeDecoder:
         tokenizer: Any = None,
     ) -> None:
         self.target = target
-        self.drafter: Drafter = drafter if drafter is not None else _NoDraft()
+        self.drafter: Drafter = drafter if drafter is not None else Autoregressive()
         # a draft-model drafter exposes its model as `.draft`: it must share the vocabulary
         draft_vocab = getattr(getattr(self.drafter, "draft", None), "vocab_size", None)
         if draft_vocab is not None and draft_vocab != target.vocab_size:

@@ -16,7 +16,7 @@ Shape glossary (docs/glossary): N tree nodes, V vocabulary.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TypeAlias
 
 import attrs
@@ -86,6 +86,10 @@ def _as_index_tensor(name: str, value: object) -> torch.Tensor:
     return tensor.cpu()
 
 
+def _law_tuple(value: Iterable[ProposalLaw | None]) -> tuple[ProposalLaw | None, ...]:
+    return tuple(value)
+
+
 def _validate_tree(tokens: torch.Tensor, parents: torch.Tensor, laws: tuple) -> None:
     n = tokens.numel()
     if parents.numel() != n:
@@ -134,7 +138,7 @@ class DraftTree:
 
     tokens: torch.Tensor = attrs.field(converter=lambda v: _as_index_tensor("tokens", v))
     parents: torch.Tensor = attrs.field(converter=lambda v: _as_index_tensor("parents", v))
-    laws: tuple[ProposalLaw | None, ...] = attrs.field(converter=tuple)
+    laws: tuple[ProposalLaw | None, ...] = attrs.field(converter=_law_tuple)
 
     def __attrs_post_init__(self) -> None:
         _validate_tree(self.tokens, self.parents, self.laws)

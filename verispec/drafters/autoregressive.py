@@ -2,35 +2,10 @@
 
 With this drafter the speculative engine decodes one token per target forward,
 exactly like plain greedy or sampled decoding, through the same code path as every
-other method; benchmarks use it as the ``ar`` baseline.
+other method; benchmarks use it as the ``ar`` baseline. It lives in the core (the
+decoder uses it when no drafter is given) and is re-exported here.
 """
 
-from __future__ import annotations
-
-from typing import ClassVar
-
-from verispec.core.tree import DraftTree
-from verispec.core.types import DecodeState, StepOutcome
+from verispec.core.engine import Autoregressive
 
 __all__ = ["Autoregressive"]
-
-_EMPTY = DraftTree.empty()
-
-
-class Autoregressive:
-    """Drafts nothing: every step commits exactly the target's own next token."""
-
-    needs_draft_model: ClassVar[bool] = False
-
-    def begin(self, state: DecodeState) -> None:
-        """Nothing to prepare."""
-
-    def propose(self, state: DecodeState) -> DraftTree:
-        """The empty tree (only the root)."""
-        return _EMPTY
-
-    def observe(self, outcome: StepOutcome) -> None:
-        """Nothing to learn."""
-
-    def reset(self) -> None:
-        """Nothing to forget."""
