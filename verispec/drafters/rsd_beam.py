@@ -81,6 +81,11 @@ def stochastic_beam_level(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One level of Stochastic Beam Search, batched over leading dimensions.
 
+    The shift is increasing within a row, so only each row's ``W`` largest Gumbels can
+    be among the ``W`` kept children: the shift runs on those ``R * W`` candidates, not
+    on all ``R * V`` (not in Kool et al.'s Algorithm 2, which shifts every child; same
+    result, far less work for a large vocabulary).
+
     Args:
         scores: float, Shape: (..., R). Perturbed score ``G_i`` of each beam.
         log_path: float, Shape: (..., R). ``phi_i``, log draft probability of each beam.
@@ -90,23 +95,26 @@ def stochastic_beam_level(
 
     Returns:
         ``(beam, token, new_scores, new_log_path, valid)``, each Shape: (..., W'),
-        W' = min(W, R * V), in decreasing new score: the parent beam and token of each
-        kept child, its ``G~`` and ``phi``, and False where fewer than W' children have
-        positive probability.
+        W' = min(W, R * min(W, V)), in decreasing new score: the parent beam and token of
+        each kept child, its ``G~`` and ``phi``, and False where fewer than W' children
+        have positive probability.
     """
-    phi = log_path.unsqueeze(-1) + probs.log()  # (..., R, V)
+    per_row = min(width, probs.shape[-1])
+    log_probs = probs.log()
+    row_keys = log_probs if generator is None else gumbel_keys(probs, generator)  # (..., R, V)
+    top = torch.topk(row_keys, per_row, dim=-1)  # each row's candidates, (..., R, K)
+    phi = log_path.unsqueeze(-1) + log_probs.gather(-1, top.indices)  # (..., R, K)
     if generator is None:
         keys = phi
     else:
-        gumbels = log_path.unsqueeze(-1) + gumbel_keys(probs, generator)  # G_iy ~ Gumbel(phi)
+        gumbels = log_path.unsqueeze(-1) + top.values  # G_iy ~ Gumbel(phi_iy), row max first
         keys = shifted_gumbels(gumbels, scores)
-    vocab = probs.shape[-1]
-    flat = keys.flatten(-2)  # (..., R * V)
-    top = torch.topk(flat, min(width, flat.shape[-1]), dim=-1)
-    beam = torch.div(top.indices, vocab, rounding_mode="floor")
-    token = top.indices % vocab
-    new_log_path = phi.flatten(-2).gather(-1, top.indices)
-    return beam, token, top.values, new_log_path, top.values > -torch.inf
+    flat = keys.flatten(-2)  # (..., R * K)
+    best = torch.topk(flat, min(width, flat.shape[-1]), dim=-1)
+    beam = torch.div(best.indices, per_row, rounding_mode="floor")
+    token = top.indices.flatten(-2).gather(-1, best.indices)
+    new_log_path = phi.flatten(-2).gather(-1, best.indices)
+    return beam, token, best.values, new_log_path, best.values > -torch.inf
 
 
 class RSDStochasticBeam(DraftModelDrafter):
