@@ -79,17 +79,18 @@ class _Workload:
             pytest.skip(reason)
         return METHODS[spec.name].build(self.context, spec.params)
 
-    def run_all(self, runner: Any) -> list[tuple[int, ...]]:
-        return [runner.run(ids, self.config).tokens for ids in self.prompts]
+    def run_all(self, runner: Any) -> list[Any]:
+        """One answer per prompt (:class:`~verispec.bench.runners.TurnResult`)."""
+        return [runner.run(ids, self.config) for ids in self.prompts]
 
 
 def _gate(benchmark: Any, workload: _Workload, spec_text: str, bounds: tuple) -> None:
     runner = workload.runner(spec_text)
     ar_seconds: list[float] = []
-    ar_tokens: list[tuple[int, ...]] = []
+    ar_results: list[Any] = []
     method_seconds: list[float] = []
 
-    def timed_method() -> list[tuple[int, ...]]:
+    def timed_method() -> list[Any]:
         start = time.perf_counter()
         out = workload.run_all(runner)
         _sync(workload)
@@ -98,7 +99,7 @@ def _gate(benchmark: Any, workload: _Workload, spec_text: str, bounds: tuple) ->
 
     def baseline_then_reset() -> None:
         start = time.perf_counter()
-        ar_tokens[:] = workload.run_all(workload.ar)
+        ar_results[:] = workload.run_all(workload.ar)
         _sync(workload)
         ar_seconds.append(time.perf_counter() - start)
         runner.reset()  # every round starts cold, as the benchmark runner does
@@ -108,20 +109,25 @@ def _gate(benchmark: Any, workload: _Workload, spec_text: str, bounds: tuple) ->
     outputs = benchmark.pedantic(timed_method, setup=baseline_then_reset, rounds=ROUNDS)
     method_s = statistics.median(method_seconds)
     ar_s = statistics.median(ar_seconds)
-    method_rate = sum(len(t) for t in outputs) / method_s
-    ar_rate = sum(len(t) for t in ar_tokens) / ar_s
+    method_rate = sum(len(r.tokens) for r in outputs) / method_s
+    ar_rate = sum(len(r.tokens) for r in ar_results) / ar_s
     ratio = method_rate / ar_rate
+    mat = sum(r.committed for r in outputs) / sum(r.steps for r in outputs)
     benchmark.extra_info.update(
         tokens_per_s=method_rate,
         ar_tokens_per_s=ar_rate,
         ratio_vs_ar=ratio,
-        identical_to_ar=outputs == ar_tokens,
+        mean_accepted=mat,
+        identical_to_ar=[r.tokens for r in outputs] == [r.tokens for r in ar_results],
+    )
+    where = (
+        f"{spec_text}: {ratio:.2f}x ar ({method_rate:.1f} vs {ar_rate:.1f} tok/s, MAT {mat:.2f})"
     )
     low, high = bounds
     if low is not None:
-        assert ratio >= low, f"{spec_text}: {ratio:.2f}x ar, gate >= {low}x"
+        assert ratio >= low, f"{where}; gate >= {low}x"
     if high is not None:
-        assert ratio <= high, f"{spec_text}: {ratio:.2f}x ar, gate <= {high}x"
+        assert ratio <= high, f"{where}; gate <= {high}x"
 
 
 def _sync(workload: _Workload) -> None:
