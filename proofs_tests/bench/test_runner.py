@@ -182,3 +182,24 @@ def test_json_report_has_the_documented_schema(e2e_run: Any, tmp_path: Path) -> 
     assert set(data["per_category"]) == {"chat", "qa"}
     assert data["machine"] == {"cpu": "x"} and data["command"] == "verispec bench"
     assert data["methods"]["ar"]["mean_accepted"] == 1.0
+
+
+@pytest.mark.slow
+def test_embedded_model_bench_is_greedy_identical() -> None:
+    """On SmolLM2 (chat template, real tokenizer) ar, hf and tr agree token for token."""
+    from verispec.bench.runner import make_context
+    from verispec.models.default import load_default_model
+
+    model, tokenizer = load_default_model()
+    context = make_context(model, tokenizer)
+    questions = [Question(1, "chat", ("Name three primary colours.", "And three secondary?"))]
+    specs = parse_methods("ar,hf,tr:template=16", METHODS)
+    run = run_bench(
+        context, specs, questions, BenchConfig(max_new_tokens=12, warmup=0), progress=False
+    )
+    report = summarise(run)
+    assert report.mismatches == []
+    assert all(f.identical_count == 2 for f in report.methods.values())
+    second = [r for r in run.records if r.turn == 1]
+    first = [r for r in run.records if r.turn == 0]
+    assert all(b.prompt_tokens > a.prompt_tokens + 12 for a, b in zip(first, second, strict=True))
