@@ -18,9 +18,10 @@ resident set (``VmHWM``, reset before the call where Linux allows it).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -217,45 +218,60 @@ class _ForwardClock:
 
     With ``assistant_early_exit`` transformers drafts with the same module, its
     ``config.num_hidden_layers`` lowered for the draft: such calls count as drafting.
+    The hooks are attached only while one ``generate`` runs. On CUDA they record events
+    instead of synchronising, so the peer is not slowed by the measurement; the times
+    are read once the call has finished (and synchronised).
     """
 
     def __init__(self, hf_model: Any, device: torch.device) -> None:
         self.model = hf_model
-        self.device = device
+        self.cuda = device.type == "cuda"
         self.full_layers = getattr(hf_model.config, "num_hidden_layers", None)
-        self._started = 0.0
-        self.clear()
-        self._handles = [
-            hf_model.register_forward_pre_hook(self._before),
-            hf_model.register_forward_hook(self._after),
-        ]
+        self._started: Any = None
+        self._spans: list[tuple[bool, Any, Any]] = []  # (is_draft, start, end)
 
-    def clear(self) -> None:
-        self.target_calls = 0
-        self.target_s = 0.0
-        self.draft_s = 0.0
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        self._spans = []
+        handles = [
+            self.model.register_forward_pre_hook(self._before),
+            self.model.register_forward_hook(self._after),
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def _is_draft(self) -> bool:
         base = getattr(self.model, getattr(self.model, "base_model_prefix", ""), self.model)
         layers = getattr(getattr(base, "config", None), "num_hidden_layers", None)
         return layers is not None and self.full_layers is not None and layers < self.full_layers
 
+    def _now(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
     def _before(self, module: Any, args: Any) -> None:
-        _sync(self.device)
-        self._started = time.perf_counter()
+        self._started = self._now()
 
     def _after(self, module: Any, args: Any, output: Any) -> None:
-        _sync(self.device)
-        elapsed = time.perf_counter() - self._started
-        if self._is_draft():
-            self.draft_s += elapsed
-        else:
-            self.target_calls += 1
-            self.target_s += elapsed
+        self._spans.append((self._is_draft(), self._started, self._now()))
 
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
+    def totals(self) -> tuple[int, float, float]:
+        """Target forwards, target seconds, draft seconds of the last attached call."""
+        calls, target_s, draft_s = 0, 0.0, 0.0
+        for is_draft, start, end in self._spans:
+            seconds = start.elapsed_time(end) / 1000 if self.cuda else end - start
+            if is_draft:
+                draft_s += seconds
+            else:
+                calls += 1
+                target_s += seconds
+        return calls, target_s, draft_s
 
 
 class HFRunner:
@@ -310,13 +326,16 @@ class HFRunner:
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.context.device)
-        self.clock.clear()
-        out, seconds, peak = measure_call(self.context.device, lambda: self._generate(ids, config))
+        with self.clock.attached():
+            out, seconds, peak = measure_call(
+                self.context.device, lambda: self._generate(ids, config)
+            )
+        calls, target_s, forward_draft_s = self.clock.totals()
         tokens = [int(t) for t in out[0, ids.shape[1] :].tolist()]
         eos = set(config.eos_token_ids or self.context.eos_token_ids)
         finish = "eos" if tokens and tokens[-1] in eos else "max_new_tokens"
-        steps = max(self.clock.target_calls, 1)
-        draft_s = {"none": 0.0, "forwards": self.clock.draft_s}.get(self.drafts)
+        steps = max(calls, 1)
+        draft_s = {"none": 0.0, "forwards": forward_draft_s}.get(self.drafts)
         return TurnResult(
             tokens=tokens,
             text=_decode(self.context.tokenizer, tokens),
@@ -325,7 +344,7 @@ class HFRunner:
             committed=len(tokens),
             tree_nodes=0 if self.drafts == "none" else None,
             draft_s=draft_s,
-            target_s=self.clock.target_s,
+            target_s=target_s,
             verify_s=None,
             peak_memory=peak,
             finish_reason=finish,
