@@ -58,12 +58,16 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--dtype", choices=_DTYPES, default="float32", help="(default float32)")
     group.add_argument(
-        "--device", default="auto", help="cpu, cuda, cuda:1... (default: cuda if available)"
+        "--device",
+        default="auto",
+        metavar="DEVICE",
+        help="cpu, cuda, cuda:1... (default: cuda if available)",
     )
     group.add_argument(
         "--threads",
         type=_positive_int,
         default=None,
+        metavar="N",
         help="CPU threads for torch (default: torch's own choice)",
     )
 
@@ -71,12 +75,22 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
 def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
     group = parser.add_argument_group("generation")
     group.add_argument(
-        "--max-new-tokens", type=_positive_int, default=max_new, help=f"(default {max_new})"
+        "--max-new-tokens",
+        type=_positive_int,
+        default=max_new,
+        metavar="N",
+        help=f"most new tokens per answer (default {max_new})",
     )
     group.add_argument(
-        "--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples"
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="0 = greedy (default); > 0 samples",
     )
-    group.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    group.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="seed of every random draw (default 0)"
+    )
     group.add_argument(
         "--chat",
         action=argparse.BooleanOptionalAction,
@@ -128,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmup",
         type=_non_negative_int,
         default=1,
+        metavar="N",
         help="warm-up answers per method, not measured (default 1)",
     )
     bench.add_argument("--json", metavar="PATH", help="write the figures as JSON")
