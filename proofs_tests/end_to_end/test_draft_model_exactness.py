@@ -131,3 +131,35 @@ def test_greedy_is_token_identical_on_a_tiny_llama(
         assert result.tokens == plain.tokens
         accepted += sum(step.accepted for step in result.steps)
     assert accepted > 0  # the drafts were used, not all rejected
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[LanguageModel, LanguageModel, list[int], list[int]]:
+    from verispec.errors import DefaultModelUnavailableError
+    from verispec.models import load_default_model
+
+    try:
+        model, tokenizer = load_default_model()
+    except DefaultModelUnavailableError as error:  # pragma: no cover - packaging issue
+        pytest.skip(str(error))
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three uses of a paperclip."}],
+        add_generation_prompt=True,
+    )
+    ids = list(prompt["input_ids"]) if hasattr(prompt, "keys") else list(prompt)
+    plain = SpeculativeDecoder(model, None, Greedy()).generate(ids, max_new_tokens=12)
+    return model, model.self_draft(6), ids, plain.tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["chain", "specinfer", "dyspec", "rsd-c", "rsd-s"])
+def test_greedy_is_token_identical_on_smollm2(
+    name: str, smollm2: tuple[LanguageModel, LanguageModel, list[int], list[int]]
+) -> None:
+    """At temperature 0 the drafter, with SmolLM2's first 6 layers as a self-draft, generates
+    exactly SmolLM2's greedy continuation (12 tokens)."""
+    model, draft, prompt, plain = smollm2
+    result = SpeculativeDecoder(model, DRAFTERS[name](draft), Greedy()).generate(
+        prompt, max_new_tokens=12
+    )
+    assert result.tokens == plain

@@ -52,11 +52,11 @@ class Chain(DraftModelDrafter):
         for i in range(limit):
             if i > 0:
                 logits = self.score_new_nodes()[0]
-            probs = processed_probs(logits, sampling)  # (V,)
             if sampling.is_greedy:
-                token = int(probs.argmax())
+                token = int(logits.argmax())  # the draft's top choice
                 laws[i] = DETERMINISTIC
             else:
+                probs = processed_probs(logits, sampling)  # (V,)
                 token = int(torch.multinomial(probs, 1, generator=generator))
                 laws[i] = IID(probs)
             self.add_nodes([token], [i - 1])

@@ -94,12 +94,13 @@ class RSDConstant(DraftModelDrafter):
         for depth, b in enumerate(self.branching):
             if depth > 0:
                 level_logits = self.score_new_nodes()  # (R, V)
-            probs = processed_probs(level_logits, sampling)  # (R, V)
-            b_eff = min(b, probs.shape[-1])
-            if sampling.is_greedy:
-                draws = torch.topk(probs, b_eff, dim=-1).indices  # (R, b)
+            b_eff = min(b, level_logits.shape[-1])
+            if sampling.is_greedy:  # the draft's top choices; no distribution needed
+                probs = level_logits
+                draws = torch.topk(level_logits, b_eff, dim=-1).indices  # (R, b)
                 valid = torch.ones_like(draws, dtype=torch.bool)
             else:
+                probs = processed_probs(level_logits, sampling)  # (R, V)
                 draws, valid = gumbel_top_k(probs, b_eff, generator)
             draws_list, valid_list = draws.tolist(), valid.tolist()
             next_rows: list[int] = []

@@ -70,11 +70,11 @@ class SpecInferTree(DraftModelDrafter):
         for depth, b in enumerate(self.branching):
             if depth > 0:
                 level_logits = self.score_new_nodes()  # (R, V), R = len(level_rows)
-            probs = processed_probs(level_logits, sampling)  # (R, V)
-            if sampling.is_greedy:
-                b_eff = min(b, probs.shape[-1])
-                draws = torch.topk(probs, b_eff, dim=-1).indices  # (R, b)
+            if sampling.is_greedy:  # the draft's top choices; no distribution needed
+                probs = level_logits
+                draws = torch.topk(level_logits, min(b, probs.shape[-1]), dim=-1).indices
             else:
+                probs = processed_probs(level_logits, sampling)  # (R, V)
                 draws = torch.multinomial(probs, b, replacement=True, generator=generator)
             draws_list = draws.tolist()
             next_rows: list[int] = []
