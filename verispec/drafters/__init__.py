@@ -1,7 +1,8 @@
 """Proposal rules: given the context, which draft tree to send.
 
 Model-free drafters: :class:`Autoregressive` (the empty tree), :class:`TokenRecycling`,
-:class:`PromptLookup`.
+:class:`DynamicTokenRecycling`, :class:`PromptLookup`. The budget rule any drafter with
+node values can use: :func:`choose_budget` over a :class:`LatencyTable`.
 Draft-model drafters: :class:`Chain`, :class:`SpecInferTree`, :class:`DySpec`,
 :class:`RSDConstant` (RSD-C), :class:`RSDStochasticBeam` (RSD-S).
 """
