@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tree_reference
+from model_references import tree_reference
 
 import verispec  # noqa: F401  (installs the default verifier policy)
 from verispec.core import DraftTree, SpeculativeDecoder

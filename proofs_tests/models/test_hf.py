@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import causal_logits, draft_trees, sequential_logits, sequential_run, tree_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_references import (
+    causal_logits,
+    draft_trees,
+    sequential_logits,
+    sequential_run,
+    tree_reference,
+)
 
 from verispec.core.tree import DraftTree
 from verispec.errors import ConfigError, ContextLengthError, TreeStructureError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tree_reference
+from model_references import tree_reference
 
 from verispec.core.tree import DraftTree
 from verispec.errors import ConfigError, IncompatibleModelsError
