@@ -15,8 +15,9 @@ draft's last scored tree always contains the accepted path. That call happens on
 steps whose accepted path reaches such a node.
 
 This module also holds the sampling helpers every drafter uses: the processed draft
-distribution (same processing as the target's), Gumbel keys for draws without
-replacement (Gumbel-top-k: Vieira 2014; Kool et al. 2019), and the choice of generator.
+distribution (same processing as the target's), exponential-race (Gumbel) keys for draws
+without replacement (Gumbel-top-k: Vieira 2014; Kool et al. 2019), one-draw sampling,
+and the choice of generator.
 
 Notation: N tree nodes, V vocabulary, K candidates per row.
 """
@@ -35,9 +36,10 @@ from verispec.errors import ConfigError
 __all__ = [
     "DraftModelDrafter",
     "draft_generator",
-    "gumbel_keys",
     "positive_int",
     "processed_probs",
+    "race_keys",
+    "sample_one",
 ]
 
 
@@ -89,21 +91,34 @@ def draft_generator(state: DecodeState, device: torch.device) -> torch.Generator
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def gumbel_keys(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Gumbel-perturbed log-probabilities ``log p + G``, G ~ Gumbel(0, 1) i.i.d.
+def race_keys(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Exponential-race keys ``p / E``, E ~ Exp(1) i.i.d.: larger keys come first.
 
-    Sorting a row's keys in decreasing order gives a sequence of draws without
-    replacement from that row (Gumbel-top-k). Zero-probability tokens get ``-inf``.
+    ``log(p / E) = log p + G`` with ``G = -log E`` a standard Gumbel, so sorting a row's
+    keys in decreasing order is Gumbel-top-k: a sequence of draws without replacement
+    from that row (Vieira 2014; Kool et al. 2019). Zero-probability tokens get key 0.
+    ``E = -log U`` with ``U`` uniform: about six times cheaper on a CPU than
+    ``Tensor.exponential_``.
 
     Args:
         probs: float, Shape: (..., V).
 
     Returns:
-        same dtype, Shape: (..., V).
+        same dtype, Shape: (..., V); ``log`` of it gives the Gumbel-perturbed log-probs.
     """
-    exponential = torch.empty_like(probs).exponential_(generator=generator)
-    tiny = torch.finfo(probs.dtype).tiny
-    return probs.log() - exponential.clamp_min(tiny).log()
+    uniform = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)
+    exponential = -uniform.clamp_min_(torch.finfo(probs.dtype).tiny).log_()  # (0, 745]
+    return probs / exponential
+
+
+def sample_one(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One draw from ``probs`` (float, Shape: (V,)) by inverse CDF in float64.
+
+    ``torch.multinomial`` costs about 1 ms per call at V = 49,152 on a CPU; this about 0.1 ms.
+    """
+    cdf = probs.to(torch.float64).cumsum(-1)  # (V,)
+    uniform = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device)
+    return int(torch.searchsorted(cdf, uniform * cdf[-1], right=True).clamp_max_(cdf.numel() - 1))
 
 
 class DraftModelDrafter:

@@ -12,8 +12,6 @@ fed unless it is accepted).
 
 from __future__ import annotations
 
-import torch
-
 from verispec.core.tree import DETERMINISTIC, IID, DraftTree, ProposalLaw
 from verispec.core.types import DecodeState, LanguageModel
 from verispec.drafters._draft_model import (
@@ -21,6 +19,7 @@ from verispec.drafters._draft_model import (
     draft_generator,
     positive_int,
     processed_probs,
+    sample_one,
 )
 
 __all__ = ["Chain"]
@@ -57,7 +56,7 @@ class Chain(DraftModelDrafter):
                 laws[i] = DETERMINISTIC
             else:
                 probs = processed_probs(logits, sampling)  # (V,)
-                token = int(torch.multinomial(probs, 1, generator=generator))
+                token = sample_one(probs, generator)
                 laws[i] = IID(probs)
             self.add_nodes([token], [i - 1])
         return self.build(laws)

@@ -59,9 +59,9 @@ from verispec.core.types import DecodeState, LanguageModel
 from verispec.drafters._draft_model import (
     DraftModelDrafter,
     draft_generator,
-    gumbel_keys,
     positive_int,
     processed_probs,
+    race_keys,
 )
 from verispec.errors import ConfigError
 
@@ -113,7 +113,7 @@ class DySpec(DraftModelDrafter):
         self.node_values: list[float] = []
         self.next_slot_value = 0.0
         # how a row's draw order is made: Gumbel keys (replaceable in tests)
-        self._keys: Callable[[torch.Tensor, torch.Generator], torch.Tensor] = gumbel_keys
+        self._keys: Callable[[torch.Tensor, torch.Generator], torch.Tensor] = race_keys
 
     def __repr__(self) -> str:
         if self.threshold is None:

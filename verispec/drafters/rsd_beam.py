@@ -41,9 +41,9 @@ from verispec.core.types import DecodeState, LanguageModel
 from verispec.drafters._draft_model import (
     DraftModelDrafter,
     draft_generator,
-    gumbel_keys,
     positive_int,
     processed_probs,
+    race_keys,
 )
 
 __all__ = ["RSDStochasticBeam", "log1mexp", "shifted_gumbels", "stochastic_beam_level"]
@@ -100,14 +100,14 @@ def stochastic_beam_level(
         have positive probability.
     """
     per_row = min(width, probs.shape[-1])
-    log_probs = probs.log()
-    row_keys = log_probs if generator is None else gumbel_keys(probs, generator)  # (..., R, V)
+    row_keys = probs if generator is None else race_keys(probs, generator)  # (..., R, V)
     top = torch.topk(row_keys, per_row, dim=-1)  # each row's candidates, (..., R, K)
-    phi = log_path.unsqueeze(-1) + log_probs.gather(-1, top.indices)  # (..., R, K)
+    phi = log_path.unsqueeze(-1) + probs.gather(-1, top.indices).log()  # (..., R, K)
     if generator is None:
         keys = phi
     else:
-        gumbels = log_path.unsqueeze(-1) + top.values  # G_iy ~ Gumbel(phi_iy), row max first
+        # G_iy = phi_i + log(p / E) ~ Gumbel(phi_iy); the row maximum is candidate 0
+        gumbels = log_path.unsqueeze(-1) + top.values.log()
         keys = shifted_gumbels(gumbels, scores)
     flat = keys.flatten(-2)  # (..., R * K)
     best = torch.topk(flat, min(width, flat.shape[-1]), dim=-1)

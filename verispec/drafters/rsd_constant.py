@@ -26,9 +26,9 @@ from verispec.drafters._draft_model import (
     DraftModelDrafter,
     branching_factors,
     draft_generator,
-    gumbel_keys,
     positive_int,
     processed_probs,
+    race_keys,
 )
 
 __all__ = ["RSDConstant", "gumbel_top_k"]
@@ -48,9 +48,9 @@ def gumbel_top_k(
         j-th draw; ``valid`` is False past the row's support (those tokens must be
         dropped: the row has fewer than ``k`` tokens of positive probability).
     """
-    keys = gumbel_keys(probs, generator)
+    keys = race_keys(probs, generator)  # exp(log p + Gumbel): same order
     top = torch.topk(keys, k, dim=-1)
-    return top.indices, top.values > -torch.inf
+    return top.indices, top.values > 0
 
 
 class RSDConstant(DraftModelDrafter):
