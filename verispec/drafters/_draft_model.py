@@ -24,17 +24,19 @@ Notation: N tree nodes, V vocabulary, K candidates per row.
 
 from __future__ import annotations
 
+import abc
 from typing import ClassVar
 
 import torch
 
 from verispec.core.sampling import SamplingParams
-from verispec.core.tree import DraftTree, ProposalLaw
+from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw
 from verispec.core.types import DecodeState, LanguageModel, StepOutcome
 from verispec.errors import ConfigError
 
 __all__ = [
     "DraftModelDrafter",
+    "LevelwiseDrafter",
     "draft_generator",
     "positive_int",
     "processed_probs",
@@ -205,3 +207,94 @@ class DraftModelDrafter:
             laws.get(row) if row in parent_rows else None for row in range(len(self._tokens) + 1)
         ]
         return DraftTree.from_parents(self._tokens, self._parents, rows)
+
+
+class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
+    """A tree with constant branching factors, grown one level per draft call.
+
+    The shared loop of SpecInfer (i.i.d. children) and RSD-C (children without
+    replacement): the root gets ``b_1`` children and every node of level ``l - 1`` gets
+    ``b_l``, drawn by :meth:`draw_children` from the processed draft distribution at the
+    node. Nodes are stored level by level; within a level, children of earlier parents
+    first, siblings in draw order. At temperature 0 the children are the draft's ``b``
+    top choices, in rank order, with the ``DETERMINISTIC`` law. Draft calls per step:
+    ``L``, batching each level.
+
+    Args:
+        draft: the draft model (same vocabulary as the target).
+        branching: children per node at each level, e.g. ``(4, 2, 2)`` (4 + 8 + 16 nodes).
+        budget: optional cap on the number of nodes; the tree is cut in level order.
+    """
+
+    def __init__(
+        self,
+        draft: LanguageModel,
+        *,
+        branching: tuple[int, ...] = (2, 2, 2),
+        budget: int | None = None,
+    ) -> None:
+        super().__init__(draft)
+        self.branching = branching_factors("branching", branching)
+        full = 0
+        width = 1
+        for b in self.branching:
+            width *= b
+            full += width
+        self.budget = full if budget is None else min(full, positive_int("budget", budget))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(branching={self.branching}, budget={self.budget})"
+
+    @abc.abstractmethod
+    def draw_children(
+        self, probs: torch.Tensor, b: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``b`` children of each row of ``probs`` (float, Shape: (R, V)).
+
+        Returns ``(tokens, valid)``, Shape: (R, b); ``valid`` (or None: all valid) marks
+        the draws to keep.
+        """
+
+    @abc.abstractmethod
+    def children_law(self, probs: torch.Tensor) -> ProposalLaw:
+        """The proposal law of children drawn from ``probs`` (Shape: (V,))."""
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        limit = self.node_limit(state, self.budget)
+        if limit == 0:
+            return DraftTree.empty()
+        sampling = state.sampling
+        level_logits = self.score_root()[None]  # (1, V)
+        generator = draft_generator(state, level_logits.device)
+        level_rows = [0]  # rows (0 the root, i + 1 node i) whose children come next
+        laws: dict[int, ProposalLaw] = {}
+        count = 0
+        for depth, b in enumerate(self.branching):
+            if depth > 0:
+                level_logits = self.score_new_nodes()  # (R, V), R = len(level_rows)
+            b_eff = min(b, level_logits.shape[-1])
+            valid: torch.Tensor | None = None
+            if sampling.is_greedy:  # the draft's top choices; no distribution needed
+                probs = level_logits
+                draws = torch.topk(level_logits, b_eff, dim=-1).indices  # (R, b)
+            else:
+                probs = processed_probs(level_logits, sampling)  # (R, V)
+                draws, valid = self.draw_children(probs, b_eff, generator)
+            draws_list = draws.tolist()
+            valid_list = valid.tolist() if valid is not None else None
+            next_rows: list[int] = []
+            for r, row in enumerate(level_rows):
+                if count >= limit:
+                    break
+                children = draws_list[r]
+                if valid_list is not None:
+                    children = [t for t, ok in zip(children, valid_list[r], strict=True) if ok]
+                children = children[: limit - count]
+                laws[row] = DETERMINISTIC if sampling.is_greedy else self.children_law(probs[r])
+                self.add_nodes(children, [row - 1] * len(children))
+                next_rows.extend(range(count + 1, count + 1 + len(children)))
+                count += len(children)
+            if count >= limit or depth == len(self.branching) - 1:
+                break
+            level_rows = next_rows
+        return self.build(laws)
