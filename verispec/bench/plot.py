@@ -28,6 +28,8 @@ def save_plot(report: BenchReport, path: str | Path) -> None:
     groups = {"all": report.methods, **report.per_category}
     fig, (bars_ax, mat_ax) = plt.subplots(1, 2, figsize=(13, 4.8), width_ratios=(2.2, 1))
     width = 0.8 / max(len(labels), 1)
+    palette = [plt.get_cmap("tab20")(i) for i in range(20)]
+    colors = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
     for i, label in enumerate(labels):
         heights = []
         for figures in groups.values():
@@ -35,7 +37,7 @@ def save_plot(report: BenchReport, path: str | Path) -> None:
             value = f.speedup_vs_ar if baseline == "ar" else f.speedup_vs_hf
             heights.append(value if value is not None else f.tokens_per_s)
         xs = [g + (i - (len(labels) - 1) / 2) * width for g in range(len(groups))]
-        bars_ax.bar(xs, heights, width=width, label=label)
+        bars_ax.bar(xs, heights, width=width, label=label, color=colors[label])
     bars_ax.set_xticks(range(len(groups)), list(groups), rotation=30, ha="right")
     if baseline is not None:
         bars_ax.axhline(1.0, color="black", linewidth=0.8)
@@ -49,7 +51,7 @@ def save_plot(report: BenchReport, path: str | Path) -> None:
         if f.mean_tree_size is None:  # transformers' drafting peers: tree size not visible
             continue
         size = f.mean_tree_size
-        mat_ax.scatter([size], [f.mean_accepted])
+        mat_ax.scatter([size], [f.mean_accepted], color=colors[label])
         mat_ax.annotate(
             label,
             (size, f.mean_accepted),
