@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = ["DEFAULT_LIMIT", "DEFAULT_METHODS", "build_parser", "main"]
 
-DEFAULT_METHODS = "ar,hf,tr:template=8,tr:template=16,tr:template=32,tr:template=80"
+DEFAULT_METHODS = "ar,hf,tr:template=8,tr:template=16,tr:template=32,tr:template=80,pld,dtr"
 DEFAULT_LIMIT = 1  # questions per category: the default run stays under ~10 min on 2 cores
 _DTYPES = ("float32", "bfloat16", "float16")
 
