@@ -11,7 +11,12 @@ Quick start::
     model, tokenizer = verispec.load_default_model()
     drafter = verispec.drafters.TokenRecycling(template="16")
     decoder = verispec.SpeculativeDecoder(model, drafter, tokenizer=tokenizer)
-    result = decoder.generate("Explain speculative decoding.", max_new_tokens=64)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Explain speculative decoding."}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    result = decoder.generate(prompt, max_new_tokens=64)
     print(result.text, result.mean_accepted_tokens)
 """
 
