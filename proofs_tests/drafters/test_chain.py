@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from drafter_states import decode_state
 
-from verispec.core import DETERMINISTIC, IID, DecodeState, SamplingParams, SpeculativeDecoder
+from verispec.core import DETERMINISTIC, IID, SpeculativeDecoder
 from verispec.drafters.chain import Chain
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.models.markov import MarkovModel
 from verispec.verifiers import Greedy
-
-
-def _state(tokens: list[int], temperature: float, seed: int = 0) -> DecodeState:
-    return DecodeState(
-        tokens=list(tokens),
-        prompt_length=len(tokens),
-        sampling=SamplingParams(temperature=temperature),
-        generator=torch.Generator().manual_seed(seed),
-    )
 
 
 @pytest.fixture
@@ -29,7 +21,7 @@ def draft() -> MarkovModel:
 def test_chain_is_k_nodes_with_iid_laws_of_the_parent_context(draft: MarkovModel) -> None:
     """Node i's parent is node i-1 and the law of its row is IID(p) with p the processed
     draft distribution after the prompt and the chain so far."""
-    state = _state([3, 1], temperature=0.8)
+    state = decode_state([3, 1], temperature=0.8)
     drafter = Chain(draft, k=4)
     drafter.begin(state)
     tree = drafter.propose(state)
@@ -47,7 +39,7 @@ def test_chain_is_k_nodes_with_iid_laws_of_the_parent_context(draft: MarkovModel
 
 def test_one_draft_call_per_node_but_the_last(draft: MarkovModel) -> None:
     """The draft is called k times: the root, then each node but the leaf, one node each."""
-    state = _state([0], temperature=1.0)
+    state = decode_state([0], temperature=1.0)
     drafter = Chain(draft, k=3)
     drafter.begin(state)
     before = len(draft.call_log)
@@ -57,7 +49,7 @@ def test_one_draft_call_per_node_but_the_last(draft: MarkovModel) -> None:
 
 def test_greedy_chain_is_the_draft_argmax_and_deterministic(draft: MarkovModel) -> None:
     """At temperature 0 each node is the draft's argmax and the law is DETERMINISTIC."""
-    state = _state([2, 4], temperature=0.0)
+    state = decode_state([2, 4], temperature=0.0)
     drafter = Chain(draft, k=5)
     drafter.begin(state)
     tree = drafter.propose(state)
@@ -75,7 +67,7 @@ def test_first_draw_follows_the_draft_distribution(draft: MarkovModel) -> None:
     from scipy.stats import chisquare
 
     drafter = Chain(draft, k=1)
-    state = _state([1, 2], temperature=1.0, seed=7)
+    state = decode_state([1, 2], temperature=1.0, seed=7)
     counts = torch.zeros(5)
     drafter.begin(state)
     for _ in range(2000):
@@ -98,7 +90,7 @@ def test_draft_cache_stays_in_step_with_the_target(draft: MarkovModel) -> None:
 
 def test_respects_the_room_left(draft: MarkovModel) -> None:
     """The chain is cut to state.max_nodes; with no room the tree is empty."""
-    state = _state([0], temperature=1.0)
+    state = decode_state([0], temperature=1.0)
     drafter = Chain(draft, k=6)
     drafter.begin(state)
     state.max_nodes = 2

@@ -7,9 +7,10 @@ import math
 
 import pytest
 import torch
+from drafter_states import decode_state
 from scipy.stats import chi2, chisquare
 
-from verispec.core import DETERMINISTIC, DecodeState, SamplingParams, WithoutReplacement
+from verispec.core import DETERMINISTIC, WithoutReplacement
 from verispec.drafters.rsd_beam import (
     RSDStochasticBeam,
     log1mexp,
@@ -20,15 +21,6 @@ from verispec.errors import ConfigError
 from verispec.models.markov import MarkovModel
 
 ALPHA = 1e-3
-
-
-def _state(tokens: list[int], temperature: float, seed: int = 0) -> DecodeState:
-    return DecodeState(
-        tokens=list(tokens),
-        prompt_length=len(tokens),
-        sampling=SamplingParams(temperature=temperature),
-        generator=torch.Generator().manual_seed(seed),
-    )
 
 
 # -- the truncated Gumbel transform ---------------------------------------------------
@@ -177,7 +169,7 @@ def test_tree_has_width_nodes_per_level_and_without_replacement_laws(draft: Mark
     """W = 3, L = 4: 3 nodes per level, stored level by level, siblings distinct, each
     inner row's law WithoutReplacement of the processed draft at its context; one draft
     call per level."""
-    state = _state([2, 5], temperature=0.9, seed=4)
+    state = decode_state([2, 5], temperature=0.9, seed=4)
     drafter = RSDStochasticBeam(draft, width=3, depth=4)
     drafter.begin(state)
     before = len(draft.call_log)
@@ -200,7 +192,7 @@ def test_tree_has_width_nodes_per_level_and_without_replacement_laws(draft: Mark
 def test_greedy_is_beam_search_on_draft_log_probabilities(draft: MarkovModel) -> None:
     """At temperature 0 each level holds the W best extensions, by path log-probability,
     of the previous level's beams, best first, with the DETERMINISTIC law."""
-    state = _state([1], temperature=0.0)
+    state = decode_state([1], temperature=0.0)
     drafter = RSDStochasticBeam(draft, width=3, depth=3)
     drafter.begin(state)
     tree = drafter.propose(state)
@@ -224,7 +216,7 @@ def test_greedy_is_beam_search_on_draft_log_probabilities(draft: MarkovModel) ->
 
 def test_budget_caps_the_tree(draft: MarkovModel) -> None:
     """A budget of 5 with W = 2, L = 4 keeps two full levels and the best node of the third."""
-    state = _state([0], temperature=1.0)
+    state = decode_state([0], temperature=1.0)
     drafter = RSDStochasticBeam(draft, width=2, depth=4, budget=5)
     drafter.begin(state)
     assert drafter.propose(state).depth.tolist() == [1, 1, 2, 2, 3]

@@ -6,23 +6,15 @@ import itertools
 
 import pytest
 import torch
+from drafter_states import decode_state
 from scipy.stats import chisquare
 
-from verispec.core import DETERMINISTIC, DecodeState, SamplingParams, WithoutReplacement
+from verispec.core import DETERMINISTIC, WithoutReplacement
 from verispec.drafters.rsd_constant import RSDConstant, gumbel_top_k
 from verispec.errors import ConfigError
 from verispec.models.markov import MarkovModel
 
 ALPHA = 1e-3
-
-
-def _state(tokens: list[int], temperature: float, seed: int = 0, **kw: float) -> DecodeState:
-    return DecodeState(
-        tokens=list(tokens),
-        prompt_length=len(tokens),
-        sampling=SamplingParams(temperature=temperature, **kw),  # type: ignore[arg-type]
-        generator=torch.Generator().manual_seed(seed),
-    )
 
 
 def wor_law(probs: list[float], k: int) -> dict[tuple[int, ...], float]:
@@ -96,7 +88,7 @@ def test_levels_distinct_siblings_and_without_replacement_laws(draft: MarkovMode
     """Branching (3, 2): 3 + 6 nodes, siblings distinct, each inner row's law
     WithoutReplacement of the processed draft distribution at its context; one draft call
     per level."""
-    state = _state([4, 1], temperature=0.8, seed=2)
+    state = decode_state([4, 1], temperature=0.8, seed=2)
     drafter = RSDConstant(draft, branching=(3, 2))
     drafter.begin(state)
     before = len(draft.call_log)
@@ -115,7 +107,7 @@ def test_levels_distinct_siblings_and_without_replacement_laws(draft: MarkovMode
 
 def test_small_support_gives_fewer_children(draft: MarkovModel) -> None:
     """With top_k = 2 processing, a node cannot get more than 2 children."""
-    state = _state([0], temperature=1.0, top_k=2)
+    state = decode_state([0], temperature=1.0, top_k=2)
     drafter = RSDConstant(draft, branching=(4, 3))
     drafter.begin(state)
     tree = drafter.propose(state)
@@ -125,7 +117,7 @@ def test_small_support_gives_fewer_children(draft: MarkovModel) -> None:
 
 def test_greedy_children_are_the_top_choices(draft: MarkovModel) -> None:
     """At temperature 0 a node's children are its b most likely draft tokens in rank order."""
-    state = _state([3], temperature=0.0)
+    state = decode_state([3], temperature=0.0)
     drafter = RSDConstant(draft, branching=(3, 2))
     drafter.begin(state)
     tree = drafter.propose(state)

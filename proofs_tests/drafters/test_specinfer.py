@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from drafter_states import decode_state
 
-from verispec.core import DETERMINISTIC, IID, DecodeState, SamplingParams
+from verispec.core import DETERMINISTIC, IID
 from verispec.drafters.specinfer import SpecInferTree
 from verispec.errors import ConfigError
 from verispec.models.markov import MarkovModel
-
-
-def _state(tokens: list[int], temperature: float, seed: int = 0) -> DecodeState:
-    return DecodeState(
-        tokens=list(tokens),
-        prompt_length=len(tokens),
-        sampling=SamplingParams(temperature=temperature),
-        generator=torch.Generator().manual_seed(seed),
-    )
 
 
 @pytest.fixture
@@ -29,7 +21,7 @@ def test_level_sizes_parents_and_iid_laws(draft: MarkovModel) -> None:
     """Branching (3, 2, 2) gives 3 + 6 + 12 nodes stored level by level, each node with
     its level's number of children, and every inner row's law is IID of the processed
     draft distribution at that row's context."""
-    state = _state([5, 0], temperature=0.7, seed=3)
+    state = decode_state([5, 0], temperature=0.7, seed=3)
     drafter = SpecInferTree(draft, branching=(3, 2, 2))
     drafter.begin(state)
     tree = drafter.propose(state)
@@ -47,7 +39,7 @@ def test_level_sizes_parents_and_iid_laws(draft: MarkovModel) -> None:
 
 def test_one_draft_call_per_level(draft: MarkovModel) -> None:
     """The draft is called once per level but the last, each call feeding the whole level."""
-    state = _state([1], temperature=1.0)
+    state = decode_state([1], temperature=1.0)
     drafter = SpecInferTree(draft, branching=(3, 2, 2))
     drafter.begin(state)
     before = len(draft.call_log)
@@ -58,7 +50,7 @@ def test_one_draft_call_per_level(draft: MarkovModel) -> None:
 def test_greedy_children_are_the_top_choices(draft: MarkovModel) -> None:
     """At temperature 0 a node's children are its b most likely draft tokens, in rank order,
     distinct, with the DETERMINISTIC law."""
-    state = _state([2, 3], temperature=0.0)
+    state = decode_state([2, 3], temperature=0.0)
     drafter = SpecInferTree(draft, branching=(4, 3))
     drafter.begin(state)
     tree = drafter.propose(state)
@@ -72,7 +64,7 @@ def test_greedy_children_are_the_top_choices(draft: MarkovModel) -> None:
 
 def test_budget_cuts_the_tree_in_level_order(draft: MarkovModel) -> None:
     """A budget of 5 keeps the 3 root children and the first two grandchildren."""
-    state = _state([1], temperature=1.0)
+    state = decode_state([1], temperature=1.0)
     drafter = SpecInferTree(draft, branching=(3, 2), budget=5)
     drafter.begin(state)
     tree = drafter.propose(state)
@@ -83,7 +75,7 @@ def test_siblings_are_independent_draws() -> None:
     """Siblings may repeat (independent draws): with a peaked draft, duplicates appear."""
     probs = torch.tensor([[0.9, 0.1], [0.5, 0.5]], dtype=torch.float64)
     draft = MarkovModel.from_probs(probs)
-    state = _state([0], temperature=1.0, seed=1)
+    state = decode_state([0], temperature=1.0, seed=1)
     drafter = SpecInferTree(draft, branching=(4,))
     drafter.begin(state)
     tree = drafter.propose(state)
