@@ -15,7 +15,7 @@ from verispec.bench.output import write_json
 from verispec.bench.prompts import Question, shipped_questions
 from verispec.bench.registry import parse_methods
 from verispec.bench.report import summarise, to_json
-from verispec.bench.runner import BenchConfig, run_bench
+from verispec.bench.runner import BenchConfig, build_runners, run_bench
 from verispec.bench.runners import TurnResult
 from verispec.core.types import GenerationConfig
 from verispec.errors import ConfigError
@@ -203,3 +203,24 @@ def test_embedded_model_bench_is_greedy_identical() -> None:
     second = [r for r in run.records if r.turn == 1]
     first = [r for r in run.records if r.turn == 0]
     assert all(b.prompt_tokens > a.prompt_tokens + 12 for a, b in zip(first, second, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("layers", "match"),
+    [
+        ("4", "fewer layers than the target's 4"),
+        ("0-3", "fewer layers"),
+        ("3+1", "strictly increasing"),
+    ],
+)
+def test_self_draft_layer_choice_errors(smoke_context: Any, layers: str, match: str) -> None:
+    """A self-draft with as many layers as the target, or unordered layers, is refused."""
+    specs = parse_methods(f"chain:draft_layers={layers}", METHODS)
+    with pytest.raises(ConfigError, match=match):
+        build_runners(smoke_context, specs)
+
+
+def test_default_self_draft_builds(smoke_context: Any) -> None:
+    """Without `draft_layers`, a draft-model method drafts with the recommended layers."""
+    runners = build_runners(smoke_context, parse_methods("chain", METHODS))
+    assert set(runners) == {"chain"}

@@ -9,6 +9,7 @@ from model_references import tree_reference
 from verispec.core.tree import DraftTree
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.models import HFModel, check_compatible, self_draft, tiny_llama
+from verispec.models.self_draft import parse_layers, recommended_layers
 
 EXACT = 1e-9
 V = 64
@@ -125,3 +126,34 @@ def test_self_draft_in_the_loop_is_greedy_exact(target: HFModel, method: str) ->
         assert result.tokens == expected[: len(result.tokens)]
         assert len(result.tokens) == 20
         assert draft.num_committed == target.num_committed
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("6", 6), ("0-12+19-29", (*range(13), *range(19, 30))), ("0-3+29", (0, 1, 2, 3, 29))],
+)
+def test_parse_layers(text: str, want: object) -> None:
+    """A layer choice parses as a count or as inclusive ranges joined by '+'."""
+    assert parse_layers(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "a", "0-", "3-x", "1,2", "-2", "5-2"])
+def test_parse_layers_rejects(text: str) -> None:
+    """Text that is neither a count nor upward ranges is refused with the allowed forms named."""
+    with pytest.raises(ValueError, match="0-12"):
+        parse_layers(text)
+
+
+def test_recommended_layers_skip_a_middle_block() -> None:
+    """The default drops layers 13-18 of SmolLM2's 30 and keeps both ends of any depth."""
+    assert recommended_layers(30) == (*range(13), *range(19, 30))
+    for n in range(3, 64):
+        kept = recommended_layers(n)
+        assert kept[0] == 0 and kept[-1] == n - 1 and 0 < len(kept) < n
+        assert list(kept) == sorted(set(kept))
+    assert recommended_layers(1) == (0,)
+
+
+def test_self_draft_defaults_to_recommended_layers(target: HFModel) -> None:
+    """Without `layers`, the self-draft runs the recommended layers."""
+    assert self_draft(target).layer_indices == recommended_layers(target.num_layers)

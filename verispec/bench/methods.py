@@ -19,9 +19,9 @@ method is checked or built, so a method whose module is not installed reports
 ``rsdc``, ``rsds``        Recursive Speculative Decoding, constant branching / beam
 ========================  =======================================================
 
-Draft-model methods draft with a *self-draft view* of the target: its first
-``draft_layers`` decoder layers, sharing its weights
-(:meth:`verispec.models.hf.HFModel.self_draft`).
+Draft-model methods draft with a *self-draft view* of the target: the decoder layers
+``draft_layers`` names (default :func:`verispec.models.recommended_layers`),
+sharing its weights (:meth:`verispec.models.hf.HFModel.self_draft`).
 """
 
 from __future__ import annotations
@@ -137,18 +137,28 @@ def _build_dtr(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
     return EngineRunner(context, cls(vocab_size=context.target.vocab_size, **kwargs))
 
 
-def _self_draft(context: BenchContext, layers: int) -> Any:
+def _self_draft(context: BenchContext, text: str | None) -> Any:
+    from verispec.models.self_draft import parse_layers, recommended_layers
+
     make = getattr(context.target, "self_draft", None)
-    if make is None:
+    num_layers = getattr(context.target, "num_layers", None)
+    if make is None or num_layers is None:
         raise ConfigError(
             "draft-model methods need a target with `self_draft(layers)` (verispec's HFModel)."
         )
-    num_layers = getattr(context.target, "num_layers", None)
-    if num_layers is not None and layers >= num_layers:
+    if text is None:
+        return make(recommended_layers(num_layers))
+    layers = parse_layers(text)
+    count = layers if isinstance(layers, int) else len(layers)
+    if count >= num_layers:
         raise ConfigError(
-            f"`draft_layers` must be below the target's {num_layers} layers; got {layers}."
+            f"`draft_layers` must name fewer layers than the target's {num_layers}; "
+            f"got {count} layers."
         )
-    return make(layers)
+    try:
+        return make(layers)
+    except ConfigError as exc:
+        raise ConfigError(f"`draft_layers`: {exc}") from None
 
 
 def _draft_model(module: str, name: str) -> Callable:
@@ -218,10 +228,30 @@ def _build_hf_assist_ee(context: BenchContext, params: dict[str, Any]) -> Method
 
 # -- the registry ---------------------------------------------------------------------
 
-_DRAFT_LAYERS = Param("draft_layers", int, 6, "decoder layers of the self-draft model", 1)
+
+def _layers(text: str) -> str:
+    """Validate a layer choice; it stays text so the method's label shows it as written."""
+    from verispec.models.self_draft import parse_layers
+
+    try:
+        parse_layers(text)
+    except ValueError:
+        raise ValueError("an integer n (the first n layers) or ranges like 0-12+19-29") from None
+    return text.strip()
+
+
+_DRAFT_LAYERS = Param(
+    "draft_layers",
+    str,
+    None,
+    "self-draft layers: n (the first n) or ranges 0-12+19-29; default: all but a middle "
+    "block (0-12+19-29 on SmolLM2)",
+    convert=_layers,
+    shown_kind="int|ranges",
+)
 _BRANCHING = Param("branching", tuple, None, "children per node at each level, e.g. 4.2.2", 1)
 _BUDGET = Param("budget", int, None, "cap on the tree size (nodes)", 1)
-_DRAFT_NOTE = "draft: the target's first `draft_layers` layers"
+_DRAFT_NOTE = "draft: a self-draft running `draft_layers` of the target's layers"
 
 
 def _entries() -> list[MethodEntry]:

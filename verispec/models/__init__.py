@@ -2,19 +2,27 @@
 
 * :class:`HFModel` — a Hugging Face causal LM behind the ``LanguageModel`` protocol.
 * :func:`load_default_model` — the embedded SmolLM2-135M-Instruct and its tokenizer.
-* :func:`self_draft` — the target's first layers as a draft model, sharing weights.
+* :func:`self_draft` — a subset of the target's layers as a draft model, sharing weights
+  (:func:`recommended_layers` by default; :func:`parse_layers` reads ``0-12+19-29``).
 * :func:`tiny_llama`, :func:`tiny_qwen2`, :func:`tiny_mistral` — tiny random models for tests.
 """
 
 from verispec.models.default import load_default_model
 from verispec.models.hf import HFModel
-from verispec.models.self_draft import check_compatible, self_draft
+from verispec.models.self_draft import (
+    check_compatible,
+    parse_layers,
+    recommended_layers,
+    self_draft,
+)
 from verispec.models.tiny import tiny_llama, tiny_mistral, tiny_model, tiny_qwen2
 
 __all__ = [
     "HFModel",
     "check_compatible",
     "load_default_model",
+    "parse_layers",
+    "recommended_layers",
     "self_draft",
     "tiny_llama",
     "tiny_mistral",
