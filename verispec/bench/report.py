@@ -15,6 +15,11 @@ Definitions (the same for every method, overall and per category):
   process's resident set (model weights included).
 * **draft / target / verify** — shares of the wall-clock time; the rest is the loop
   and the host (``generate``'s own drafting where it cannot be separated).
+
+Every figure is a ratio of sums over answers, so the reports of runs over disjoint
+answers (a run sharded with ``--categories``) merge exactly, and a report renders
+without its run: :mod:`verispec.bench.merge` reads ``to_json``'s output back and
+merges shards.
 """
 
 from __future__ import annotations
@@ -65,7 +70,10 @@ class Figures:
 
 @attrs.frozen
 class BenchReport:
-    """The summary of a :class:`~verispec.bench.runner.BenchRun`.
+    """The summary of a :class:`~verispec.bench.runner.BenchRun`, or of several merged.
+
+    Everything the tables, the JSON and the plots show is here; ``run`` is kept only
+    when the report was summarised in this process.
 
     Attributes:
         methods: figures per method label, in the run's order.
@@ -74,14 +82,25 @@ class BenchReport:
             neither ``hf`` nor ``ar`` ran).
         mismatches: answers that differ from the reference: method, question id,
             turn and the index of the first differing token.
-        run: the raw measurements.
+        config: the run's settings: ``BenchConfig``'s fields plus ``methods`` (labels),
+            ``questions``, ``answers_per_method`` and ``categories``.
+        specs: per method label, the method's registry name and every parameter.
+        run: the raw measurements (``None`` for a report loaded from JSON or merged).
+        machine: what ran it, when known (loaded reports); shown unless the renderers
+            are given another.
+        command: the command line that produced it: a string, or for a merged
+            report one string per shard, in merge order.
     """
 
     methods: dict[str, Figures]
     per_category: dict[str, dict[str, Figures]]
     reference: str | None
     mismatches: list[dict[str, Any]]
-    run: BenchRun
+    config: dict[str, Any]
+    specs: dict[str, tuple[str, dict[str, Any]]]
+    run: BenchRun | None = None
+    machine: dict[str, Any] | None = None
+    command: str | list[str] | None = None
 
 
 def _key(record: TurnRecord) -> tuple[str, int]:
@@ -141,6 +160,11 @@ def _group(records: Sequence[TurnRecord], labels: Sequence[str], reference: Any)
     raw = {
         label: _figures([r for r in records if r.method == label], reference) for label in labels
     }
+    return _with_speedups(raw)
+
+
+def _with_speedups(raw: dict[str, dict[str, Any]]) -> dict[str, Figures]:
+    """Figures of one group of answers, each method's speedups over ``hf`` and ``ar``."""
     out = {}
     for label, figures in raw.items():
         speedups: dict[str, Any] = {}
@@ -185,6 +209,8 @@ def summarise(run: BenchRun) -> BenchReport:
         per_category=per_category,
         reference=reference_label,
         mismatches=mismatches,
+        config=_config_dict(run),
+        specs={spec.label: (spec.name, spec.params) for spec in run.methods},
         run=run,
     )
 
@@ -297,19 +323,35 @@ def _config_dict(run: BenchRun) -> dict[str, Any]:
     return config
 
 
+def _commands(command: str | list[str] | None) -> list[str]:
+    if command is None:
+        return []
+    return [command] if isinstance(command, str) else list(command)
+
+
 def render_markdown(
-    report: BenchReport, machine: dict[str, Any] | None = None, command: str | None = None
+    report: BenchReport,
+    machine: dict[str, Any] | None = None,
+    command: str | list[str] | None = None,
 ) -> str:
-    """A Markdown report: command, machine, settings, both tables, mismatches."""
-    config = _config_dict(report.run)
+    """A Markdown report: command, machine, settings, both tables, mismatches.
+
+    ``machine`` and ``command`` default to the report's own (those of a loaded report).
+    """
+    config = report.config
+    machine = machine if machine is not None else report.machine
+    commands = _commands(command if command is not None else report.command)
     lines = ["# verispec bench", ""]
-    if command:
-        lines += ["```", command, "```", ""]
-    settings = ", ".join(f"{k}={config[k]}" for k in ("max_new_tokens", "temperature", "seed"))
+    if commands:
+        lines += ["```", *commands, "```", ""]
+    settings = ", ".join(f"{k}={config.get(k)}" for k in ("max_new_tokens", "temperature", "seed"))
+    interleaved = "methods interleaved question by question"
+    if len(commands) > 1:
+        interleaved = f"merged from {len(commands)} runs over disjoint categories, {interleaved}"
     lines += [
-        f"{config['questions']} questions ({config['answers_per_method']} answers per method) "
-        f"over {len(config['categories'])} categories; {settings}; warm-up "
-        f"{config['warmup']} per method, excluded; methods interleaved question by question.",
+        f"{config.get('questions')} questions ({config.get('answers_per_method')} answers per "
+        f"method) over {len(config.get('categories', []))} categories; {settings}; warm-up "
+        f"{config.get('warmup')} per method, excluded; {interleaved}.",
         "",
     ]
     if machine:
@@ -337,22 +379,28 @@ def render_markdown(
 
 
 def to_json(
-    report: BenchReport, machine: dict[str, Any] | None = None, command: str | None = None
+    report: BenchReport,
+    machine: dict[str, Any] | None = None,
+    command: str | list[str] | None = None,
 ) -> dict[str, Any]:
-    """The report as JSON-ready data: ``{"methods", "per_category", "machine", "command", ...}``."""
-    run = report.run
+    """The report as JSON-ready data: ``{"methods", "per_category", "machine", "command", ...}``.
+
+    ``machine`` and ``command`` default to the report's own;
+    :func:`~verispec.bench.merge.report_from_json` reads the result back.
+    """
+    methods = {}
+    for label, figures in report.methods.items():
+        name, params = report.specs.get(label, (label, {}))
+        methods[label] = {"method": name, "params": params, **figures.as_dict()}
     return {
-        "methods": {
-            label: {"method": spec.name, "params": spec.params, **report.methods[label].as_dict()}
-            for label, spec in zip(run.labels, run.methods, strict=True)
-        },
+        "methods": methods,
         "per_category": {
             category: {label: f.as_dict() for label, f in methods.items()}
             for category, methods in report.per_category.items()
         },
         "reference": report.reference,
         "mismatches": report.mismatches,
-        "config": _config_dict(run),
-        "machine": machine or {},
-        "command": command,
+        "config": report.config,
+        "machine": machine or report.machine or {},
+        "command": command if command is not None else report.command,
     }
