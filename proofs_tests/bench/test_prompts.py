@@ -130,6 +130,24 @@ def test_select_rejects_a_limit_below_one(limit: Any) -> None:
         select_questions(shipped_questions(), limit=limit)
 
 
+def test_select_keeps_the_first_turns() -> None:
+    """`max_turns` cuts each conversation to its first turns and keeps shorter ones whole."""
+    questions = [
+        Question(1, "mt", ("first", "second")),
+        Question(2, "qa", ("only",)),
+    ]
+    chosen = select_questions(questions, max_turns=1)
+    assert [q.turns for q in chosen] == [("first",), ("only",)]
+    assert select_questions(questions, max_turns=2) == questions
+
+
+@pytest.mark.parametrize("turns", [0, -1, 1.5, True])
+def test_select_rejects_max_turns_below_one(turns: Any) -> None:
+    """`max_turns` must be an integer >= 1."""
+    with pytest.raises(ConfigError, match="`max_turns` must be an integer >= 1"):
+        select_questions(shipped_questions(), max_turns=turns)
+
+
 def test_select_rejects_an_unknown_category() -> None:
     """Asking for a category that does not occur lists the ones that do."""
     with pytest.raises(ConfigError, match="'poetry' does not occur") as info:

@@ -140,20 +140,28 @@ def select_questions(
     questions: Sequence[Question],
     limit: int | None = None,
     categories: Sequence[str] | None = None,
+    max_turns: int | None = None,
 ) -> list[Question]:
     """The first ``limit`` questions of each category, in file order.
 
     Args:
         limit: questions per category; ``None`` keeps all.
         categories: keep only these categories; ``None`` keeps all.
+        max_turns: keep only the first ``max_turns`` turns of each conversation
+            (Spec-Bench's MT-Bench questions have 2); ``None`` keeps all.
 
     Raises:
-        ConfigError: ``limit < 1``, or a requested category does not occur.
+        ConfigError: ``limit < 1`` or ``max_turns < 1``, or a requested category does
+            not occur.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ConfigError(
-            f"`limit` must be an integer >= 1 (questions per category); got {limit!r}."
-        )
+    for name, value, what in (
+        ("limit", limit, "questions per category"),
+        ("max_turns", max_turns, "turns per question"),
+    ):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ConfigError(f"`{name}` must be an integer >= 1 ({what}); got {value!r}.")
     present = list(dict.fromkeys(q.category for q in questions))
     if categories is not None:
         unknown = [c for c in categories if c not in present]
@@ -171,6 +179,8 @@ def select_questions(
         if limit is not None and count >= limit:
             continue
         taken[question.category] = count + 1
+        if max_turns is not None and len(question.turns) > max_turns:
+            question = attrs.evolve(question, turns=question.turns[:max_turns])
         selected.append(question)
     return selected
 
