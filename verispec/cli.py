@@ -1,11 +1,13 @@
-"""The ``verispec`` command line: ``bench``, ``generate`` and ``methods``.
+"""The ``verispec`` command line: ``bench``, ``report``, ``generate`` and ``methods``.
 
 ``verispec bench`` is the benchmark of record: every requested method and the
 peers users would pick instead (transformers' ``generate``, its prompt lookup and
 early-exit assisted generation) on the same model and prompts, interleaved
-prompt by prompt, with one table at the end. ``verispec generate`` answers one
-prompt with one method and prints its statistics. ``verispec methods`` lists the
-method specs and their parameters.
+prompt by prompt, with one table at the end. ``verispec report`` prints the same
+tables from ``bench --json`` files and writes the Markdown, JSON and plots again,
+merging the shards of a run split with ``--categories``. ``verispec generate``
+answers one prompt with one method and prints its statistics. ``verispec methods``
+lists the method specs and their parameters.
 
 Errors a user can fix (an unknown method, a malformed questions file,
 ``--limit 0``...) print one line and exit with status 2 before the model loads;
@@ -145,12 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="warm-up answers per method, not measured (default 1)",
     )
-    bench.add_argument("--json", metavar="PATH", help="write the figures as JSON")
-    bench.add_argument("--markdown", metavar="PATH", help="write a Markdown report")
-    bench.add_argument("--plot", metavar="PATH", help="write a PNG plot")
-    bench.add_argument(
-        "--per-category", action="store_true", help="also print the per-category table"
-    )
+    _report_outputs(bench)
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     _generation_options(bench, 128)
     _model_options(bench)
@@ -166,8 +163,39 @@ def build_parser() -> argparse.ArgumentParser:
     _generation_options(generate, 128)
     _model_options(generate)
 
+    report = commands.add_parser(
+        "report",
+        help="re-render or merge `verispec bench --json` reports",
+        description="Print the tables of one or more JSON reports written by `verispec bench "
+        "--json` and write the Markdown, JSON and plots again. Several files are merged: "
+        "they must be shards of one run over disjoint categories (`--categories`), with the "
+        "same methods and generation settings; figures are recomputed exactly from the "
+        "shards' sums.",
+    )
+    report.add_argument("files", nargs="+", metavar="FILE.json", help="bench JSON reports")
+    _report_outputs(report, json_help="write the (merged) report as JSON")
+
     commands.add_parser("methods", help="list the method specs and their parameters")
     return parser
+
+
+def _report_outputs(
+    parser: argparse.ArgumentParser, json_help: str = "write the figures as JSON"
+) -> None:
+    parser.add_argument("--json", metavar="PATH", help=json_help)
+    parser.add_argument("--markdown", metavar="PATH", help="write a Markdown report")
+    parser.add_argument(
+        "--plot", metavar="PATH", help="write a PNG plot (speedup per category, MAT vs nodes)"
+    )
+    parser.add_argument(
+        "--mat-plot",
+        metavar="PATH",
+        help="write a PNG of MAT vs draft nodes per step, one panel per category, one "
+        "line per method family",
+    )
+    parser.add_argument(
+        "--per-category", action="store_true", help="also print the per-category table"
+    )
 
 
 # -- shared helpers -------------------------------------------------------------------
@@ -189,6 +217,64 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     from verispec.models.default import load_default_model
 
     return load_default_model(dtype=dtype, device=device)
+
+
+_OUTPUTS = ("json", "markdown", "plot", "mat_plot")
+
+
+def _check_outputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The output paths given, each checked writable now (before any long work)."""
+    from verispec.bench.output import check_writable
+    from verispec.errors import ConfigError
+
+    outputs = {
+        key: check_writable(getattr(args, key), "--" + key.replace("_", "-"))
+        for key in _OUTPUTS
+        if getattr(args, key)
+    }
+    if "plot" in outputs or "mat_plot" in outputs:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "`--plot` and `--mat-plot` need matplotlib: pip install matplotlib."
+            ) from None
+    return outputs
+
+
+def _show_report(report: Any, per_category: bool) -> None:
+    from verispec.bench.report import render_category_table, render_table
+
+    print()
+    print(render_table(report))
+    if per_category:
+        print()
+        print(render_category_table(report))
+    if report.reference is not None:
+        print(f"\nidentical: answers token-identical to `{report.reference}` (greedy).")
+
+
+def _write_outputs(
+    outputs: dict[str, Any], report: Any, machine: Any = None, command: Any = None
+) -> None:
+    """Write every requested file, each atomically (``None``: the report's own)."""
+    from verispec.bench.output import write_atomic, write_json, write_text
+    from verispec.bench.report import render_markdown, to_json
+
+    if "json" in outputs:
+        write_json(outputs["json"], to_json(report, machine, command))
+    if "markdown" in outputs:
+        write_text(outputs["markdown"], render_markdown(report, machine, command))
+    if "plot" in outputs:
+        from verispec.bench.plot import save_plot
+
+        write_atomic(outputs["plot"], lambda tmp: save_plot(report, tmp))
+    if "mat_plot" in outputs:
+        from verispec.bench.plot import save_mat_plot
+
+        write_atomic(outputs["mat_plot"], lambda tmp: save_mat_plot(report, tmp))
+    for key, path in outputs.items():
+        print(f"wrote {key.replace('_', '-')}: {path}", file=sys.stderr)
 
 
 def _check_temperature(value: float) -> None:
@@ -235,15 +321,9 @@ def _bench_specs(args: argparse.Namespace) -> list[Any]:
 
 
 def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from verispec.bench.output import check_writable, machine_info, write_json, write_text
+    from verispec.bench.output import machine_info
     from verispec.bench.prompts import load_questions, select_questions, shipped_questions
-    from verispec.bench.report import (
-        render_category_table,
-        render_markdown,
-        render_table,
-        summarise,
-        to_json,
-    )
+    from verispec.bench.report import summarise
     from verispec.bench.runner import BenchConfig, make_context, run_bench
     from verispec.errors import ConfigError
 
@@ -263,16 +343,7 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         warmup=args.warmup,
         chat=args.chat,
     )
-    outputs = {
-        key: check_writable(getattr(args, key), f"--{key}")
-        for key in ("json", "markdown", "plot")
-        if getattr(args, key)
-    }
-    if "plot" in outputs:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ConfigError("`--plot` needs matplotlib: pip install matplotlib.") from None
+    outputs = _check_outputs(args)
 
     # 2. load and run
     model, tokenizer = _load(args)
@@ -290,24 +361,36 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     report = summarise(run)
     machine = machine_info(context.device, args.dtype)
     command = "verispec " + shlex.join(argv)
-    print()
-    print(render_table(report))
-    if args.per_category:
-        print()
-        print(render_category_table(report))
-    if report.reference is not None:
-        print(f"\nidentical: answers token-identical to `{report.reference}` (greedy).")
-    if "json" in outputs:
-        write_json(outputs["json"], to_json(report, machine, command))
-    if "markdown" in outputs:
-        write_text(outputs["markdown"], render_markdown(report, machine, command))
-    if "plot" in outputs:
-        from verispec.bench.output import write_atomic
-        from verispec.bench.plot import save_plot
+    _show_report(report, args.per_category)
+    _write_outputs(outputs, report, machine, command)
+    return 0
 
-        write_atomic(outputs["plot"], lambda tmp: save_plot(report, tmp))
-    for key, path in outputs.items():
-        print(f"wrote {key}: {path}", file=sys.stderr)
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import warnings
+
+    from verispec.bench.merge import load_report, merge_reports
+
+    # 1. outputs writable, every file a report, shards compatible: before writing anything
+    outputs = _check_outputs(args)
+    reports = [load_report(path) for path in args.files]
+    report = reports[0]
+    if len(reports) > 1:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = merge_reports(reports, names=list(args.files))
+        for warning in caught:
+            print(f"verispec report: warning: {warning.message}", file=sys.stderr)
+        print(
+            f"verispec report: merged {len(reports)} reports: "
+            f"{report.config.get('questions')} questions over "
+            f"{len(report.config.get('categories', []))} categories",
+            file=sys.stderr,
+        )
+
+    # 2. the same tables as `verispec bench`, then the files
+    _show_report(report, args.per_category)
+    _write_outputs(outputs, report)
     return 0
 
 
@@ -374,6 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_methods(args)
         if args.command == "bench":
             return _cmd_bench(args, argv)
+        if args.command == "report":
+            return _cmd_report(args)
         return _cmd_generate(args)
     except (VerispecError, FileNotFoundError) as exc:
         print(f"verispec {args.command}: error: {exc}", file=sys.stderr)

@@ -24,7 +24,14 @@ from typing import Any
 
 from verispec.bench.report import BenchReport, Figures
 
-__all__ = ["SIZE_PARAMS", "family_labels", "method_family", "save_mat_plot", "save_plot"]
+__all__ = [
+    "SIZE_PARAMS",
+    "family_labels",
+    "mat_curves",
+    "method_family",
+    "save_mat_plot",
+    "save_plot",
+]
 
 # Parameters that set how many nodes a method drafts per step: they vary along a curve.
 # ``k`` is a size only for ``chain`` (its length); for ``tr``/``dtr`` it is candidates per
@@ -142,6 +149,29 @@ def _drawn(name: str, figures: Figures) -> bool:
     return figures.mean_tree_size is not None and not name.startswith("hf")
 
 
+def mat_curves(
+    methods: Mapping[str, Figures], specs: Mapping[str, tuple[str, Mapping[str, Any]]]
+) -> dict[str, list[tuple[float, float, str]]]:
+    """The MAT plot's curves for one group of answers: per family, ``(x, y, label)`` points.
+
+    x is the mean draft nodes per step, y the MAT; points are sorted by x; families
+    come in the order their first method appears. Transformers' peers and methods
+    with no tree size are left out; ``ar`` is a one-point family at (0, 1).
+
+    Args:
+        methods: figures per method label (``report.methods`` or one category's).
+        specs: per label, the method's registry name and parameters (``report.specs``).
+    """
+    curves: dict[str, list[tuple[float, float, str]]] = {}
+    for label, figures in methods.items():
+        name, params = specs.get(label, (label, {}))
+        if figures.mean_tree_size is None or not _drawn(name, figures):
+            continue
+        point = (figures.mean_tree_size, figures.mean_accepted, label)
+        curves.setdefault(method_family(name, params), []).append(point)
+    return {family: sorted(points) for family, points in curves.items()}
+
+
 def save_mat_plot(report: BenchReport, path: str | Path) -> None:
     """Draw MAT against draft nodes per step, one curve per method family, as PNG.
 
@@ -154,9 +184,7 @@ def save_mat_plot(report: BenchReport, path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     specs = {label: report.specs.get(label, (label, {})) for label in report.methods}
-    family = {label: method_family(*spec) for label, spec in specs.items()}
-    order = list(dict.fromkeys(family[label] for label, f in report.methods.items()
-                               if _drawn(specs[label][0], f)))  # fmt: skip
+    order = list(mat_curves(report.methods, specs))
     names = family_labels(order)
     palette = [plt.get_cmap("tab10")(i) for i in range(10)]
     markers = "osD^v<>pPX"
@@ -181,12 +209,9 @@ def save_mat_plot(report: BenchReport, path: str | Path) -> None:
     )
     handles: dict[str, Any] = {}
     for ax, (group, figures) in zip(axes.flat, groups.items(), strict=False):
+        curves = mat_curves(figures, specs)
         for fam in order:
-            points = sorted(
-                (f.mean_tree_size, f.mean_accepted, label)
-                for label, f in figures.items()
-                if family.get(label) == fam and _drawn(specs[label][0], f)
-            )
+            points = curves.get(fam)
             if not points:
                 continue
             color, marker = style[fam]
@@ -209,6 +234,7 @@ def save_mat_plot(report: BenchReport, path: str | Path) -> None:
         plural = "" if answers == 1 else "s"
         ax.set_title(f"{group} ({answers} answer{plural})", fontsize="small")
         ax.tick_params(labelsize="x-small")
+        ax.margins(x=0.08, y=0.08)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(groups) :]:
         ax.set_visible(False)
