@@ -141,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--categories", metavar="A,B", help="only these categories (comma-separated)"
     )
     bench.add_argument(
+        "--turns",
+        type=_positive_int,
+        metavar="N",
+        help="at most N turns per conversation (default: all; MT-Bench questions have 2)",
+    )
+    bench.add_argument(
         "--warmup",
         type=_non_negative_int,
         default=1,
@@ -334,7 +340,9 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     limit = args.limit if args.limit is not None else DEFAULT_LIMIT
     questions = load_questions(args.questions) if args.questions else shipped_questions()
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
-    questions = select_questions(questions, limit=limit, categories=categories)
+    questions = select_questions(
+        questions, limit=limit, categories=categories, max_turns=args.turns
+    )
     _check_temperature(args.temperature)
     config = BenchConfig(
         max_new_tokens=args.max_new_tokens,
