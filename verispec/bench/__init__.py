@@ -16,6 +16,7 @@ Typical use::
     print(render_table(summarise(run)))
 """
 
+from verispec.bench.merge import load_report, merge_reports, report_from_json
 from verispec.bench.methods import METHODS
 from verispec.bench.prompts import (
     Question,
@@ -66,12 +67,15 @@ __all__ = [
     "build_runners",
     "check_available",
     "load_questions",
+    "load_report",
     "make_context",
+    "merge_reports",
     "parse_method",
     "parse_methods",
     "parse_questions",
     "render_category_table",
     "render_markdown",
+    "report_from_json",
     "render_table",
     "run_bench",
     "select_questions",
