@@ -171,10 +171,22 @@ def _draft_model(module: str, name: str) -> Callable:
     return build
 
 
+def _positive_int_or_auto(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ValueError("an integer >= 1 or `auto`")
+
+
 def _build_dyspec(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
     params = dict(params)
     if params["budget"] is None and params["threshold"] is None:
         params["budget"] = 16
+    if params["budget"] == "auto" and params["threshold"] is None:
+        from verispec.drafters.budget import latency_for
+
+        params["latency"] = latency_for(context.target)  # the target's, cached per device
     return _draft_model("dyspec", "DySpec")(context, params)
 
 
@@ -351,9 +363,17 @@ def _entries() -> list[MethodEntry]:
             f"DySpec greedy dynamic tree (Alg. 1: budget; Alg. 2: threshold); {_DRAFT_NOTE}",
             (
                 _DRAFT_LAYERS,
-                Param("budget", int, None, "tree size m (16 when no threshold is given)", 1),
+                Param(
+                    "budget",
+                    str,
+                    None,
+                    "tree size m (16 when no threshold is given), or auto (latency table)",
+                    convert=_positive_int_or_auto,
+                    shown_kind="int|auto",
+                ),
                 Param("threshold", float, None, "expand every slot with value > t", 0, 1),
                 Param("max_depth", int, None, "cap on the tree depth", 1),
+                Param("max_budget", int, None, "most nodes `budget=auto` may grow", 1),
             ),
             _build_dyspec,
             _class_available("dyspec", "DySpec"),

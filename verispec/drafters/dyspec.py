@@ -38,6 +38,22 @@ call (the draft protocol feeds a suffix of the node list), and the draw order of
 newly fed row is computed in one batched ``topk``. So the draft is called at most once
 per pop and, in practice, about once per tree level.
 
+**Tree size per device (``budget="auto"``; not in the paper, which fixes ``m``).** With
+the target's latency table ``T`` (:mod:`verispec.drafters.budget`) and slot values
+``v_1 >= v_2 >= ...`` in pop order, a step of ``n`` nodes is worth ``r(n) = (1 + v_1 +
+... + v_n) / T(n)`` expected tokens per second (``v`` is the paper's acceptance
+estimate, the objective Algorithm 1 maximises). Algorithm 1 stops, before popping node
+``n + 1``, as soon as no continuation can beat stopping: for every ``k`` up to
+``max_budget - n``, ``(1 + v_1 + ... + v_n + k v_{n+1}) / T(n + k) <= r(n)``, where
+``v_{n+1}`` is the best value in the heap (an upper bound on every later value). The
+rule never stops before :func:`~verispec.drafters.budget.choose_budget`'s ``argmax_n
+r(n)`` of the sequence it would have grown, and stops exactly there when ``T`` is convex
+(``r`` is then quasi-concave). Cutting at that argmax after growing would instead keep
+or drop node ``i`` on values drawn *after* it, which depend on its token: at
+temperature > 0 the kept draws would no longer follow the declared law. Deciding before
+each pop keeps every draw's existence independent of its token, so the verification
+stays exact; it also saves the draft calls a grown-then-cut tree would waste.
+
 Optimality (the paper's appendix D): child and sibling slots never have more value than
 the slot that made them, so the greedy tree holds the ``m`` largest reachable values and
 maximises ``F(T) = sum of v over the nodes`` among all trees of ``m`` nodes.
@@ -63,11 +79,31 @@ from verispec.drafters._draft_model import (
     processed_probs,
     race_keys,
 )
+from verispec.drafters.budget import LatencyTable
 from verispec.errors import ConfigError
 
 __all__ = ["DySpec"]
 
 _THRESHOLD_DEFAULT_BUDGET = 128
+
+
+def _stops_at(n: int, total: float, next_value: float, seconds: list[float]) -> bool:
+    """Whether ``budget="auto"`` stops at ``n`` nodes (see the module notes).
+
+    Args:
+        n: nodes drawn so far.
+        total: the sum of their slot values.
+        next_value: the best value left in the heap (no later node is worth more).
+        seconds: ``T(0), ..., T(M)``, the target's step time for each size up to the cap.
+
+    Returns:
+        True when no ``k`` in ``1..M - n`` has ``(1 + total + k next_value) / T(n + k)``
+        above ``(1 + total) / T(n)``.
+    """
+    rate = (1.0 + total) / seconds[n]
+    return all(
+        (1.0 + total + k * next_value) / seconds[n + k] <= rate for k in range(1, len(seconds) - n)
+    )
 
 
 class DySpec(DraftModelDrafter):
@@ -76,28 +112,56 @@ class DySpec(DraftModelDrafter):
     Args:
         draft: the draft model (same vocabulary as the target).
         budget: the tree size ``m`` of Algorithm 1; with ``threshold``, a cap on the size
-            (default 128 then).
+            (default 128 then). ``"auto"``: Algorithm 1 stops where the target's latency
+            table says expected tokens per second peak (see the module notes).
         threshold: ``t`` in (0, 1): use Algorithm 2, expanding every slot with ``v > t``.
         max_depth: optional cap on the depth of the tree.
+        latency: the *target's* :class:`~verispec.drafters.budget.LatencyTable`, needed
+            by ``budget="auto"`` (``verispec.drafters.budget.latency_for(target)``).
+        max_budget: most nodes ``"auto"`` may grow.
 
     Attributes:
         node_values: after ``propose``, each node's estimated acceptance rate: the value
             ``v`` of the slot it was drawn from (node order; for Algorithm 1 that is pop
             order, and the values never increase).
         next_slot_value: after Algorithm 1, the best value left in the heap (0 if none).
+        max_budget: the most nodes a step may hold: ``budget``, or the cap of ``"auto"``.
+
+    Raises:
+        ConfigError: an argument out of range, ``"auto"`` without a latency table, or
+            ``"auto"`` with a threshold (Algorithm 2 grows level by level, not in value
+            order, so no prefix rule applies).
     """
 
     def __init__(
         self,
         draft: LanguageModel,
         *,
-        budget: int | None = None,
+        budget: int | str | None = None,
         threshold: float | None = None,
         max_depth: int | None = None,
+        latency: LatencyTable | None = None,
+        max_budget: int = 64,
     ) -> None:
         super().__init__(draft)
         if budget is None and threshold is None:
             raise ConfigError("DySpec needs `budget` (Algorithm 1) or `threshold` (Algorithm 2).")
+        self.latency: LatencyTable | None = None
+        if budget == "auto":
+            if threshold is not None:
+                raise ConfigError(
+                    "`budget='auto'` applies to Algorithm 1 only; got a `threshold` too. "
+                    "Give an integer `budget` as the threshold variant's cap, or drop `threshold`."
+                )
+            if not isinstance(latency, LatencyTable):
+                raise ConfigError(
+                    "`budget='auto'` needs the target's latency table; pass "
+                    "`latency=verispec.drafters.budget.latency_for(target)`."
+                )
+            self.latency = latency
+            budget = positive_int("max_budget", max_budget)
+        elif isinstance(budget, str):
+            raise ConfigError(f"`budget` must be an integer >= 1 or 'auto'; got {budget!r}.")
         if threshold is not None:
             ok = isinstance(threshold, int | float) and not isinstance(threshold, bool)
             if not ok or not 0 < threshold < 1:
@@ -108,7 +172,10 @@ class DySpec(DraftModelDrafter):
         self.threshold = None if threshold is None else float(threshold)
         if budget is None:
             budget = _THRESHOLD_DEFAULT_BUDGET
-        self.budget = positive_int("budget", budget)
+        size = positive_int("budget", budget)
+        self.budget: int | str = "auto" if self.latency is not None else size
+        self.max_budget = size  # the most nodes a step may hold
+        self._seconds: list[float] = []  # T(0..M) for the last cap M, with "auto"
         self.max_depth = None if max_depth is None else positive_int("max_depth", max_depth)
         self.node_values: list[float] = []
         self.next_slot_value = 0.0
@@ -116,6 +183,8 @@ class DySpec(DraftModelDrafter):
         self._keys: Callable[[torch.Tensor, torch.Generator], torch.Tensor] = race_keys
 
     def __repr__(self) -> str:
+        if self.latency is not None:
+            return f"DySpec(budget='auto', max_budget={self.max_budget})"
         if self.threshold is None:
             return f"DySpec(budget={self.budget})"
         return f"DySpec(threshold={self.threshold}, budget={self.budget})"
@@ -173,10 +242,11 @@ class DySpec(DraftModelDrafter):
     # -- the Drafter protocol ---------------------------------------------------------
 
     def propose(self, state: DecodeState) -> DraftTree:
-        limit = self.node_limit(state, self.budget)
+        limit = self.node_limit(state, self.max_budget)
         self.node_values, self.next_slot_value = [], 0.0
-        if limit == 0:
-            return DraftTree.empty()
+        seconds = self._latency_grid(limit)
+        if limit == 0 or (seconds and _stops_at(0, 0.0, 1.0, seconds)):
+            return DraftTree.empty()  # with "auto": not even the root's slot (v = 1) pays
         self._start(state, limit)
         if self.threshold is None:
             self._grow_fixed_size()
@@ -190,8 +260,11 @@ class DySpec(DraftModelDrafter):
         # heap entries: (-v, tie, parent row, children drawn so far, parent's value w,
         # residual mass 1 - (mass of earlier siblings)); v = w * residual mass
         heap: list[tuple[float, int, int, int, float, float]] = [(-1.0, next(tie), 0, 0, 1.0, 1.0)]
-        count = 0
+        seconds = self._latency_grid(self._limit)
+        count, total = 0, 0.0
         while heap and count < self._limit:
+            if seconds and _stops_at(count, total, -heap[0][0], seconds):
+                break  # budget="auto": decided before the draw, see the module notes
             neg_v, _, row, drawn, w, mass_left = heapq.heappop(heap)
             v = -neg_v
             if row not in self._orders:
@@ -203,6 +276,7 @@ class DySpec(DraftModelDrafter):
             child_value = w * p  # = v * R[y]
             new_row = self._add_node(token, row, v)
             count += 1
+            total += v
             mass_left = max(mass_left - p, 0.0)
             sibling_value = w * mass_left  # = v * (1 - R[y])
             if sibling_value > 0 and drawn + 1 < len(draws):
@@ -211,6 +285,14 @@ class DySpec(DraftModelDrafter):
             if child_value > 0 and self._can_have_children(new_row):
                 heapq.heappush(heap, (-child_value, next(tie), new_row, 0, child_value, 1.0))
         self.next_slot_value = -heap[0][0] if heap else 0.0
+
+    def _latency_grid(self, limit: int) -> list[float]:
+        """``T(0), ..., T(limit)`` from the latency table; empty without ``"auto"``."""
+        if self.latency is None:
+            return []
+        if len(self._seconds) != limit + 1:
+            self._seconds = self.latency.at(torch.arange(limit + 1)).tolist()
+        return self._seconds
 
     def _grow_threshold(self, threshold: float) -> None:
         """Algorithm 2 (corrected): per level, expand every slot with ``v > t``."""
