@@ -14,10 +14,9 @@ extra ``forward_tree(..., extend_from=k)`` call in ``observe`` before the commit
 draft's last scored tree always contains the accepted path. That call happens only in
 steps whose accepted path reaches such a node.
 
-This module also holds the sampling helpers every drafter uses: the processed draft
-distribution (same processing as the target's), exponential-race (Gumbel) keys for draws
-without replacement (Gumbel-top-k: Vieira 2014; Kool et al. 2019), one-draw sampling,
-and the choice of generator.
+This module also holds the level-wise loop of SpecInfer and RSD-C and the choice of
+generator; the draws themselves (processed draft distribution, i.i.d. draws, draws without
+replacement, top choices) are in :mod:`verispec.drafters._draws`, re-exported here.
 
 Notation: N tree nodes, V vocabulary, K candidates per row.
 """
@@ -25,13 +24,19 @@ Notation: N tree nodes, V vocabulary, K candidates per row.
 from __future__ import annotations
 
 import abc
+import array
 from typing import ClassVar
 
 import torch
 
-from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw
 from verispec.core.types import DecodeState, LanguageModel, StepOutcome
+from verispec.drafters._draws import (
+    processed_probs,
+    race_keys,
+    sample_one,
+    top_indices,
+)
 from verispec.errors import ConfigError
 
 __all__ = [
@@ -61,25 +66,6 @@ def branching_factors(name: str, value: object) -> tuple[int, ...]:
     return tuple(positive_int(f"{name}[{i}]", b) for i, b in enumerate(value))
 
 
-def processed_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """The draft distribution the drafter draws from and declares in its proposal law.
-
-    At temperature > 0 this is ``sampling.probs(logits)``, the same processing as the
-    target's. At temperature 0 the draws are the draft's top choices, and this returns
-    the plain softmax of the logits, used only to rank tokens and to value tree slots.
-
-    Args:
-        logits: float, Shape: (..., V).
-
-    Returns:
-        float64 when ``logits`` are float64, else float32; Shape: (..., V).
-    """
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    if sampling.is_greedy:
-        return torch.softmax(logits.to(dtype), dim=-1)
-    return sampling.probs(logits, dtype)
-
-
 def draft_generator(state: DecodeState, device: torch.device) -> torch.Generator:
     """The generator for draws on ``device``.
 
@@ -91,36 +77,6 @@ def draft_generator(state: DecodeState, device: torch.device) -> torch.Generator
         return state.generator
     seed = int(torch.randint(0, 2**62, (1,), generator=state.generator))
     return torch.Generator(device=device).manual_seed(seed)
-
-
-def race_keys(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Exponential-race keys ``p / E``, E ~ Exp(1) i.i.d.: larger keys come first.
-
-    ``log(p / E) = log p + G`` with ``G = -log E`` a standard Gumbel, so sorting a row's
-    keys in decreasing order is Gumbel-top-k: a sequence of draws without replacement
-    from that row (Vieira 2014; Kool et al. 2019). Zero-probability tokens get key 0.
-    ``E = -log U`` with ``U`` uniform: about six times cheaper on a CPU than
-    ``Tensor.exponential_``.
-
-    Args:
-        probs: float, Shape: (..., V).
-
-    Returns:
-        same dtype, Shape: (..., V); ``log`` of it gives the Gumbel-perturbed log-probs.
-    """
-    uniform = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)
-    exponential = -uniform.clamp_min_(torch.finfo(probs.dtype).tiny).log_()  # (0, 745]
-    return probs / exponential
-
-
-def sample_one(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One draw from ``probs`` (float, Shape: (V,)) by inverse CDF in float64.
-
-    ``torch.multinomial`` costs about 1 ms per call at V = 49,152 on a CPU; this about 0.1 ms.
-    """
-    cdf = probs.to(torch.float64).cumsum(-1)  # (V,)
-    uniform = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device)
-    return int(torch.searchsorted(cdf, uniform * cdf[-1], right=True).clamp_max_(cdf.numel() - 1))
 
 
 class DraftModelDrafter:
@@ -191,7 +147,10 @@ class DraftModelDrafter:
 
     def score_new_nodes(self) -> torch.Tensor:
         """Feed every node added since the last call. Returns their logits, Shape: (n, V)."""
-        tree = DraftTree.from_parents(self._tokens, self._parents)
+        # the draft reads tokens and parents only: no laws (from_parents costs 4x more)
+        n = len(self._tokens)
+        nodes = self._node_tensor()  # (2, n)
+        tree = DraftTree(nodes[0], nodes[1], (None,) * (n + 1))
         start = self._scored
         logits = self.draft.forward_tree(tree, extend_from=start)
         self._scored = tree.num_nodes
@@ -206,7 +165,17 @@ class DraftModelDrafter:
         rows = [
             laws.get(row) if row in parent_rows else None for row in range(len(self._tokens) + 1)
         ]
-        return DraftTree.from_parents(self._tokens, self._parents, rows)
+        nodes = self._node_tensor()
+        return DraftTree(nodes[0], nodes[1], rows)
+
+    def _node_tensor(self) -> torch.Tensor:
+        """This step's tokens and parents, int64, Shape: (2, n) (5x cheaper than
+        ``torch.tensor`` of the lists on a CPU)."""
+        if not self._tokens:
+            return torch.empty((2, 0), dtype=torch.int64)
+        nodes = array.array("q", self._tokens)
+        nodes.extend(self._parents)
+        return torch.frombuffer(nodes, dtype=torch.int64).view(2, -1)
 
 
 class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
@@ -273,27 +242,35 @@ class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
             if depth > 0:
                 level_logits = self.score_new_nodes()  # (R, V), R = len(level_rows)
             b_eff = min(b, level_logits.shape[-1])
-            valid: torch.Tensor | None = None
-            if sampling.is_greedy:  # the draft's top choices; no distribution needed
-                probs = level_logits
-                draws = torch.topk(level_logits, b_eff, dim=-1).indices  # (R, b)
-            else:
-                probs = processed_probs(level_logits, sampling)  # (R, V)
-                draws, valid = self.draw_children(probs, b_eff, generator)
-            draws_list = draws.tolist()
-            valid_list = valid.tolist() if valid is not None else None
             next_rows: list[int] = []
-            for r, row in enumerate(level_rows):
-                if count >= limit:
-                    break
-                children = draws_list[r]
-                if valid_list is not None:
-                    children = [t for t, ok in zip(children, valid_list[r], strict=True) if ok]
-                children = children[: limit - count]
-                laws[row] = DETERMINISTIC if sampling.is_greedy else self.children_law(probs[r])
-                self.add_nodes(children, [row - 1] * len(children))
-                next_rows.extend(range(count + 1, count + 1 + len(children)))
-                count += len(children)
+            start = 0
+            while start < len(level_rows) and count < limit:
+                # only the rows the budget lets have children (not in the papers: the
+                # others' children would be cut, and their distributions cost a softmax)
+                wanted = -(-(limit - count) // b_eff)  # ceil: rows with b children each
+                stop = min(len(level_rows), start + wanted)
+                logits = level_logits[start:stop]  # (R', V)
+                valid: torch.Tensor | None = None
+                if sampling.is_greedy:  # the draft's top choices; no distribution needed
+                    probs = logits
+                    draws = top_indices(logits, b_eff)  # (R', b)
+                else:
+                    probs = processed_probs(logits, sampling)  # (R', V)
+                    draws, valid = self.draw_children(probs, b_eff, generator)
+                draws_list = draws.tolist()
+                valid_list = valid.tolist() if valid is not None else None
+                for r, row in enumerate(level_rows[start:stop]):
+                    if count >= limit:
+                        break
+                    children = draws_list[r]
+                    if valid_list is not None:
+                        children = [t for t, ok in zip(children, valid_list[r], strict=True) if ok]
+                    children = children[: limit - count]
+                    laws[row] = DETERMINISTIC if sampling.is_greedy else self.children_law(probs[r])
+                    self.add_nodes(children, [row - 1] * len(children))
+                    next_rows.extend(range(count + 1, count + 1 + len(children)))
+                    count += len(children)
+                start = stop
             if count >= limit or depth == len(self.branching) - 1:
                 break
             level_rows = next_rows
