@@ -6,7 +6,9 @@ root gets ``b_1`` children and every node of level ``l - 1`` gets ``b_l`` childr
 *without replacement* from the processed draft distribution at that node, by the
 Gumbel-top-k trick: perturb ``log p`` with i.i.d. Gumbel(0, 1) noise and keep the ``b``
 largest keys, in decreasing order. That ordered sequence has the law of ``b``
-sequential draws without replacement (Vieira 2014; Kool et al. 2019), so the law of a
+sequential draws without replacement (Vieira 2014; Kool et al. 2019); the ``b`` largest
+keys are found without perturbing every token
+(:func:`~verispec.drafters._draws.race_without_replacement`). The law of a
 node's children is ``WithoutReplacement(p_parent)`` in stored order, verified by
 recursive rejection sampling. A node whose distribution has fewer than ``b`` tokens of
 positive probability gets only those. At temperature 0 the children are the draft's
@@ -21,7 +23,8 @@ from __future__ import annotations
 import torch
 
 from verispec.core.tree import ProposalLaw, WithoutReplacement
-from verispec.drafters._draft_model import LevelwiseDrafter, race_keys
+from verispec.drafters._draft_model import LevelwiseDrafter
+from verispec.drafters._draws import race_without_replacement
 
 __all__ = ["RSDConstant", "gumbel_top_k"]
 
@@ -40,9 +43,8 @@ def gumbel_top_k(
         j-th draw; ``valid`` is False past the row's support (those tokens must be
         dropped: the row has fewer than ``k`` tokens of positive probability).
     """
-    keys = race_keys(probs, generator)  # exp(log p + Gumbel): same order
-    top = torch.topk(keys, k, dim=-1)
-    return top.indices, top.values > 0
+    tokens, _, valid = race_without_replacement(probs, k, generator)  # first arrivals
+    return tokens, valid
 
 
 class RSDConstant(LevelwiseDrafter):
