@@ -72,15 +72,29 @@ NEXT = [
 ]
 
 
-def _two_levels(n: int, width: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """n independent two-level Stochastic Beam Searches over the chain ROOT, NEXT."""
+SPREAD = [3, 130, 131, 299]  # where the 4 tokens sit in a vocabulary of 3 blocks
+
+
+def _two_levels(n: int, width: int, seed: int, spread: bool = False) -> tuple[torch.Tensor, ...]:
+    """n independent two-level Stochastic Beam Searches over the chain ROOT, NEXT; with
+    ``spread``, tokens 0..3 are SPREAD over a vocabulary of 300 (3 blocks of the draws)."""
     generator = torch.Generator().manual_seed(seed)
-    root = torch.tensor(ROOT, dtype=torch.float64).expand(n, 1, -1)
+    root, table = torch.tensor(ROOT, dtype=torch.float64), torch.tensor(NEXT, dtype=torch.float64)
+    if spread:
+        root = torch.zeros(300, dtype=torch.float64).index_copy_(0, torch.tensor(SPREAD), root)
+        table = torch.zeros(300, 300, dtype=torch.float64)
+        table[torch.tensor(SPREAD)[:, None], torch.tensor(SPREAD)] = torch.tensor(NEXT).double()
     zeros = torch.zeros(n, 1, dtype=torch.float64)
+    root = root.expand(n, 1, -1)
     _, tok1, s1, phi1, valid1 = stochastic_beam_level(zeros, zeros, root, width, generator)
     assert bool(valid1.all())
-    probs2 = torch.tensor(NEXT, dtype=torch.float64)[tok1]  # (n, W, V)
+    probs2 = table[tok1]  # (n, W, V)
     beam2, tok2, _, _, valid2 = stochastic_beam_level(s1, phi1, probs2, width, generator)
+    if spread:  # back to 0..3
+        index = torch.full((300,), -1, dtype=torch.long).index_copy_(
+            0, torch.tensor(SPREAD), torch.arange(4)
+        )
+        tok1, tok2 = index[tok1], index[tok2]
     return tok1, beam2, tok2, valid2
 
 
@@ -108,12 +122,14 @@ def _pvalue(counts: dict, law: dict, n: int) -> float:
     return float(chisquare(observed, expected).pvalue)
 
 
-def test_whole_levels_are_sequences_drawn_without_replacement() -> None:
+@pytest.mark.parametrize("spread", [False, True])
+def test_whole_levels_are_sequences_drawn_without_replacement(spread: bool) -> None:
     """Kool et al.'s theorem, which the stable shift must preserve: the ordered W prefixes
     of level 2 are W draws without replacement from the law of two-token sequences
-    (exact law of every ordered pair of sequences enumerated; chi-square, 100,000 runs)."""
-    n, width = 100_000, 2
-    tok1, beam2, tok2, valid2 = _two_levels(n, width, seed=1)
+    (exact law of every ordered pair of sequences enumerated; chi-square, 100,000 runs),
+    also with the tokens spread over several blocks of the block-wise race."""
+    n, width = 100_000 if not spread else 40_000, 2
+    tok1, beam2, tok2, valid2 = _two_levels(n, width, seed=1, spread=spread)
     assert bool(valid2.all())
     sequences = tok1.gather(1, beam2) * 4 + tok2  # (n, W): the 2-token prefix as an index
     joint = [ROOT[a] * NEXT[a][b] for a in range(4) for b in range(4)]

@@ -38,13 +38,8 @@ import torch
 
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw, WithoutReplacement
 from verispec.core.types import DecodeState, LanguageModel
-from verispec.drafters._draft_model import (
-    DraftModelDrafter,
-    draft_generator,
-    positive_int,
-    processed_probs,
-    race_keys,
-)
+from verispec.drafters._draft_model import DraftModelDrafter, draft_generator, positive_int
+from verispec.drafters._draws import processed_probs, race_without_replacement, top_indices
 
 __all__ = ["RSDStochasticBeam", "log1mexp", "shifted_gumbels", "stochastic_beam_level"]
 
@@ -84,7 +79,10 @@ def stochastic_beam_level(
     The shift is increasing within a row, so only each row's ``W`` largest Gumbels can
     be among the ``W`` kept children: the shift runs on those ``R * W`` candidates, not
     on all ``R * V`` (not in Kool et al.'s Algorithm 2, which shifts every child; same
-    result, far less work for a large vocabulary).
+    result, far less work for a large vocabulary). Those ``W`` largest Gumbels, with
+    their tokens, are the ``W`` first arrivals of the row's exponential race
+    (``G_iy = phi_i - log(arrival time)``), drawn without perturbing every token by
+    :func:`~verispec.drafters._draws.race_without_replacement`.
 
     Args:
         scores: float, Shape: (..., R). Perturbed score ``G_i`` of each beam.
@@ -100,19 +98,21 @@ def stochastic_beam_level(
         have positive probability.
     """
     per_row = min(width, probs.shape[-1])
-    row_keys = probs if generator is None else race_keys(probs, generator)  # (..., R, V)
-    top = torch.topk(row_keys, per_row, dim=-1)  # each row's candidates, (..., R, K)
-    phi = log_path.unsqueeze(-1) + probs.gather(-1, top.indices).log()  # (..., R, K)
+    if generator is None:
+        candidates = top_indices(probs, per_row)  # each row's best tokens, (..., R, K)
+    else:
+        candidates, times, _ = race_without_replacement(probs, per_row, generator)
+    phi = log_path.unsqueeze(-1) + probs.gather(-1, candidates).log()  # (..., R, K)
     if generator is None:
         keys = phi
     else:
-        # G_iy = phi_i + log(p / E) ~ Gumbel(phi_iy); the row maximum is candidate 0
-        gumbels = log_path.unsqueeze(-1) + top.values.log()
+        # G_iy = phi_i + log p(y) - log E_y ~ Gumbel(phi_iy); the row maximum is candidate 0
+        gumbels = log_path.unsqueeze(-1) - times.log()
         keys = shifted_gumbels(gumbels, scores)
     flat = keys.flatten(-2)  # (..., R * K)
     best = torch.topk(flat, min(width, flat.shape[-1]), dim=-1)
     beam = torch.div(best.indices, per_row, rounding_mode="floor")
-    token = top.indices.flatten(-2).gather(-1, best.indices)
+    token = candidates.flatten(-2).gather(-1, best.indices)
     new_log_path = phi.flatten(-2).gather(-1, best.indices)
     return beam, token, best.values, new_log_path, best.values > -torch.inf
 
@@ -146,9 +146,9 @@ class RSDStochasticBeam(DraftModelDrafter):
         sampling = state.sampling
         level_logits = self.score_root()[None]  # (1, V)
         generator = draft_generator(state, level_logits.device)
-        dtype = torch.float64 if level_logits.dtype == torch.float64 else torch.float32
-        scores = torch.zeros(1, dtype=dtype, device=level_logits.device)  # G of the root
-        log_path = torch.zeros(1, dtype=dtype, device=level_logits.device)  # phi of the root
+        # float64 scores: the arrival times of the race are float64
+        scores = torch.zeros(1, dtype=torch.float64, device=level_logits.device)  # G of root
+        log_path = torch.zeros(1, dtype=torch.float64, device=level_logits.device)  # its phi
         level_rows = [0]
         laws: dict[int, ProposalLaw] = {}
         count = 0
