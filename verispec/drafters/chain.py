@@ -7,20 +7,16 @@ sampling is the IID rule with one child. At temperature 0 each token is the draf
 argmax and the law is ``DETERMINISTIC``.
 
 Draft calls per step: ``k`` (the root, then one per node but the last, which is never
-fed unless it is accepted).
+fed unless it is accepted). Each token is one inverse-CDF draw (or a block-wise argmax at
+temperature 0), see :mod:`verispec.drafters._draws`.
 """
 
 from __future__ import annotations
 
 from verispec.core.tree import DETERMINISTIC, IID, DraftTree, ProposalLaw
 from verispec.core.types import DecodeState, LanguageModel
-from verispec.drafters._draft_model import (
-    DraftModelDrafter,
-    draft_generator,
-    positive_int,
-    processed_probs,
-    sample_one,
-)
+from verispec.drafters._draft_model import DraftModelDrafter, draft_generator, positive_int
+from verispec.drafters._draws import argmax_one, processed_probs, sample_one
 
 __all__ = ["Chain"]
 
@@ -52,7 +48,7 @@ class Chain(DraftModelDrafter):
             if i > 0:
                 logits = self.score_new_nodes()[0]
             if sampling.is_greedy:
-                token = int(logits.argmax())  # the draft's top choice
+                token = argmax_one(logits)  # the draft's top choice
                 laws[i] = DETERMINISTIC
             else:
                 probs = processed_probs(logits, sampling)  # (V,)
