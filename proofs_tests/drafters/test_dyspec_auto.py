@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 from drafter_states import decode_state
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
 
@@ -67,11 +67,19 @@ def _values_and_table(draw: st.DrawFn, convex: bool) -> tuple[list[float], Laten
 
 @settings(max_examples=300, deadline=None)
 @given(_values_and_table(convex=False))
+@example(  # a 1-ulp tie: Python's sum and torch's cumsum round the last value differently
+    ([1.0, 0.8733096869872843, 1.939137044242943e-16], LatencyTable((0, 1), (1.0, 1.0)))
+)
 def test_rule_never_stops_before_the_best_prefix(case: tuple[list[float], LatencyTable]) -> None:
     """For non-increasing values and any latency table, the size where the rule stops is at
-    least choose_budget's argmax of (1 + v_1 + ... + v_n) / T(n) over the whole sequence."""
+    least choose_budget's argmax of (1 + v_1 + ... + v_n) / T(n) over the whole sequence, or
+    has the same rate up to float rounding (the two sum the values in different orders, so a
+    value below one ulp of the running sum can tip a tie either way)."""
     values, table = case
-    assert _online_size(values, table) >= choose_budget(values, table)
+    online, best = _online_size(values, table), choose_budget(values, table)
+    assert online >= best or _rate(values, table, online) >= _rate(values, table, best) * (
+        1 - 1e-12
+    )
 
 
 @settings(max_examples=300, deadline=None)
