@@ -16,10 +16,11 @@ second tiny Llama as the draft.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
+from markov_pair import markov_pair
 from scipy.stats import chisquare
 
 from verispec.core import SamplingParams, SpeculativeDecoder
@@ -29,7 +30,6 @@ from verispec.drafters.dyspec import DySpec
 from verispec.drafters.rsd_beam import RSDStochasticBeam
 from verispec.drafters.rsd_constant import RSDConstant
 from verispec.drafters.specinfer import SpecInferTree
-from verispec.models.markov import MarkovModel
 from verispec.models.self_draft import self_draft
 from verispec.verifiers import Greedy
 from verispec.verifiers.recursive import RecursiveRejection
@@ -48,30 +48,13 @@ DRAFTERS: dict[str, Callable[[LanguageModel], Drafter]] = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny tensors: intra-op threads only add contention (10x slower on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _markov_pair() -> tuple[MarkovModel, MarkovModel]:
-    generator = torch.Generator().manual_seed(2024)
-    target_logits = 0.7 * torch.randn(3, 3, generator=generator, dtype=torch.float64)
-    noise = 1.5 * torch.randn(3, 3, 3, generator=generator, dtype=torch.float64)
-    draft_logits = target_logits.expand(3, 3, 3) + noise  # draft[a, b] ~ target[b] + noise
-    return MarkovModel(target_logits), MarkovModel(draft_logits)
-
-
 @pytest.mark.parametrize("temperature", [0.6, 1.0])
 @pytest.mark.parametrize("name", list(DRAFTERS))
 def test_first_three_tokens_follow_the_target_law(name: str, temperature: float) -> None:
     """The first three generated tokens are distributed as the target's joint law
     (chi-square over 27 sequences, 600 seeded generations, alpha = 1e-3), and drafts
     are really accepted (more than 1.2 tokens per step on average)."""
-    target, draft = _markov_pair()
+    target, draft = markov_pair()
     decoder = SpeculativeDecoder(target, DRAFTERS[name](draft), RecursiveRejection(torch.float64))
     counts = torch.zeros(27)
     committed = steps = 0
@@ -97,7 +80,7 @@ def test_first_three_tokens_follow_the_target_law(name: str, temperature: float)
 def test_greedy_is_token_identical_on_the_markov_pair(name: str) -> None:
     """At temperature 0 the drafter's output equals plain greedy decoding (3 prompts,
     24 tokens), with the Greedy verifier and with recursive rejection."""
-    target, draft = _markov_pair()
+    target, draft = markov_pair()
     for prompt in ([0], [2, 1], [1, 1, 0]):
         plain = SpeculativeDecoder(target, None, Greedy()).generate(prompt, max_new_tokens=24)
         for verifier in (Greedy(), RecursiveRejection(torch.float64)):

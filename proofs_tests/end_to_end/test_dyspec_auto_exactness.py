@@ -14,16 +14,14 @@ with p < 1e-9.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
+from markov_pair import markov_pair
 from scipy.stats import chisquare
 
 from verispec.core import SamplingParams, SpeculativeDecoder
 from verispec.drafters.budget import LatencyTable
 from verispec.drafters.dyspec import DySpec
-from verispec.models.markov import MarkovModel
 from verispec.verifiers import Greedy
 from verispec.verifiers.recursive import RecursiveRejection
 
@@ -36,31 +34,13 @@ TABLES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny tensors: intra-op threads only add contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _markov_pair() -> tuple[MarkovModel, MarkovModel]:
-    """The pair of ``test_draft_model_exactness.py``."""
-    generator = torch.Generator().manual_seed(2024)
-    target_logits = 0.7 * torch.randn(3, 3, generator=generator, dtype=torch.float64)
-    noise = 1.5 * torch.randn(3, 3, 3, generator=generator, dtype=torch.float64)
-    draft_logits = target_logits.expand(3, 3, 3) + noise  # draft[a, b] ~ target[b] + noise
-    return MarkovModel(target_logits), MarkovModel(draft_logits)
-
-
 @pytest.mark.parametrize("temperature", [0.6, 1.0])
 @pytest.mark.parametrize("table", list(TABLES))
 def test_first_three_tokens_follow_the_target_law(table: str, temperature: float) -> None:
     """The first three tokens generated with DySpec(budget='auto') are distributed as the
     target's joint law (chi-square over 27 sequences, 600 seeded generations, alpha =
     1e-3); the trees are not all the same size (linear table) and drafts are accepted."""
-    target, draft = _markov_pair()
+    target, draft = markov_pair()
     drafter = DySpec(draft, budget="auto", latency=TABLES[table], max_budget=16)
     decoder = SpeculativeDecoder(target, drafter, RecursiveRejection(torch.float64))
     counts = torch.zeros(27)
@@ -89,7 +69,7 @@ def test_greedy_is_token_identical_on_the_markov_pair(table: str) -> None:
     """At temperature 0 the auto-sized drafter's output equals plain greedy decoding
     (3 prompts, 24 tokens), with the Greedy verifier and with recursive rejection; also
     with a table where no node ever pays (T(1) = 2 T(0): empty trees, the draft idle)."""
-    target, draft = _markov_pair()
+    target, draft = markov_pair()
     dear = LatencyTable([0, 64], [1.0, 65.0])
     latency = TABLES.get(table, dear)
     for prompt in ([0], [2, 1], [1, 1, 0]):
