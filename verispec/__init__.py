@@ -43,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DecodeState",
     "DraftTree",
+    "FastModel",
     "GenerationConfig",
     "GenerationResult",
     "HFModel",
@@ -58,6 +59,7 @@ __all__ = [
 
 _LAZY = {
     # models/ imports transformers, which takes seconds: load it on first use.
+    "FastModel": ("verispec.models.runtime", "FastModel"),
     "HFModel": ("verispec.models.hf", "HFModel"),
     "load_default_model": ("verispec.models.default", "load_default_model"),
 }

@@ -15,6 +15,7 @@ __all__ = [
     "KernelUnavailableError",
     "NonFiniteLogitsError",
     "TreeStructureError",
+    "UnsupportedModelError",
     "VerispecError",
 ]
 
@@ -41,6 +42,10 @@ class ContextLengthError(VerispecError, ValueError):
 
 class NonFiniteLogitsError(VerispecError, ValueError):
     """Logits or probabilities contain NaN or infinity where a distribution is needed."""
+
+
+class UnsupportedModelError(VerispecError, ValueError):
+    """A model the fast runtime does not cover (architecture, activation, rotary scaling)."""
 
 
 class KernelUnavailableError(VerispecError, RuntimeError):

@@ -1,4 +1,12 @@
-"""Helpers of the model-adapter tests: a tree strategy and sequential references."""
+"""Helpers of the model tests: a tree strategy and sequential references for either model.
+
+The reference of a :class:`~verispec.models.HFModel` is transformers' own forward, fed
+one token at a time with a ``DynamicCache``. The reference of a
+:class:`~verispec.models.FastModel` is the runtime itself decoding one token at a time
+through a fresh view that shares the weights and has its own cache: no tree, no tree
+mask, every token at the slot of its position. Either way a tree pass is checked
+against the computation it must reproduce.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +18,10 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from verispec.core.tree import DraftTree
-from verispec.models import HFModel
+from verispec.models import FastModel, HFModel
+
+Model = HFModel | FastModel
+KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @st.composite
@@ -22,35 +33,42 @@ def draft_trees(draw: st.DrawFn, vocab_size: int, max_nodes: int = 12) -> DraftT
     return DraftTree.from_parents(tokens, parents)
 
 
-def sequential_logits(model: HFModel, ids: Sequence[int]) -> torch.Tensor:
-    """Logits after each token of ``ids``, fed one token at a time through transformers' own
-    forward and DynamicCache. float, Shape: (len(ids), V)."""
+def sequential_logits(model: Model, ids: Sequence[int]) -> torch.Tensor:
+    """Logits after each token of ``ids``, fed one token at a time. Shape: (len(ids), V)."""
     return sequential_run(model, ids)[0]
 
 
-def sequential_run(model: HFModel, ids: Sequence[int]) -> tuple[torch.Tensor, DynamicCache]:
-    """As :func:`sequential_logits`, also returning the cache after the last token."""
-    cache = DynamicCache(config=model.config)
-    rows = []
-    with torch.no_grad():
-        for position, token in enumerate(ids):
-            out = model.hf_model(
-                torch.tensor([[token]], device=model.device),
-                position_ids=torch.tensor([[position]], device=model.device),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            rows.append(out.logits[0, -1])
-    return torch.stack(rows), cache
+def sequential_run(model: Model, ids: Sequence[int]) -> tuple[torch.Tensor, KV]:
+    """As :func:`sequential_logits`, also returning every layer's keys and values after the
+    last token, each Shape: (1, Hkv, len(ids), D)."""
+    if isinstance(model, FastModel):
+        return _runtime_sequential(model, ids)
+    logits, cache = _hf_sequential_cache(model, ids)
+    return logits, [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def tree_reference(model: HFModel, prompt: Sequence[int], tree: DraftTree) -> torch.Tensor:
-    """Row 0: logits after ``prompt``; row i + 1: logits after prompt + path to node i.
+def _runtime_sequential(model: FastModel, ids: Sequence[int]) -> tuple[torch.Tensor, KV]:
+    view = model.self_draft(model.layer_indices)  # same weights, own cache
+    view.prefill(torch.tensor(ids[:1]))
+    rows = [view.forward_tree(DraftTree.empty())[0]]
+    for token in ids[1:]:
+        view.commit([], int(token))
+        rows.append(view.forward_tree(DraftTree.empty())[0])
+    view.commit([], 0)  # the last token joins the cache
+    return torch.stack(rows), view.kv_cache()
 
-    Every token is fed one at a time through transformers' forward: a node's cache is a copy
-    of its parent's cache plus the node's token. Shape: (N + 1, V).
-    """
-    prompt_logits, prompt_cache = sequential_run(model, prompt)
+
+def tree_reference(model: Model, prompt: Sequence[int], tree: DraftTree) -> torch.Tensor:
+    """Row 0: logits after ``prompt``; row i + 1: logits after prompt + path to node i,
+    each path decoded one token at a time. Shape: (N + 1, V)."""
+    if isinstance(model, FastModel):
+        tokens = tree.tokens.tolist()
+        rows = [sequential_logits(model, prompt)[-1]]
+        for node in range(tree.num_nodes):
+            path = [tokens[i] for i in tree.path_to(node)]
+            rows.append(sequential_logits(model, [*prompt, *path])[-1])
+        return torch.stack(rows)
+    prompt_logits, prompt_cache = _hf_sequential_cache(model, prompt)
     rows = [prompt_logits[-1]]
     caches = {-1: prompt_cache}
     depth = tree.depth.tolist()
@@ -70,8 +88,25 @@ def tree_reference(model: HFModel, prompt: Sequence[int], tree: DraftTree) -> to
     return torch.stack(rows)
 
 
-def causal_logits(model: HFModel, ids: Sequence[int]) -> torch.Tensor:
-    """Logits after each token of ``ids`` from one ordinary causal forward of transformers.
-    Shape: (len(ids), V)."""
+def _hf_sequential_cache(model: HFModel, ids: Sequence[int]) -> tuple[torch.Tensor, DynamicCache]:
+    cache = DynamicCache(config=model.config)
+    rows = []
+    with torch.no_grad():
+        for position, token in enumerate(ids):
+            out = model.hf_model(
+                torch.tensor([[token]], device=model.device),
+                position_ids=torch.tensor([[position]], device=model.device),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            rows.append(out.logits[0, -1])
+    return torch.stack(rows), cache
+
+
+def causal_logits(model: Model, ids: Sequence[int]) -> torch.Tensor:
+    """Logits after each token of ``ids`` from one causal pass (HF) or, for the runtime,
+    from sequential decoding. Shape: (len(ids), V)."""
+    if isinstance(model, FastModel):
+        return sequential_logits(model, ids)
     with torch.no_grad():
         return model.hf_model(torch.tensor([list(ids)], device=model.device)).logits[0]

@@ -1,0 +1,306 @@
+"""Tests of verispec/models/runtime.py: the fast runtime's own parts.
+
+The ``LanguageModel`` protocol (tree attention, extend_from, commit, errors) is tested for
+both models in test_sequence.py; the decoder module against transformers in test_llama.py.
+Here: every architecture's tree pass against its own sequential decoding (float64), the
+bit-for-bit row invariance that makes greedy decoding token-identical by construction,
+prepacking, bfloat16, self-drafts, long prompts, choices and errors, and SmolLM2.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from model_references import draft_trees, sequential_logits, tree_reference
+
+from verispec.core import DraftTree, SpeculativeDecoder
+from verispec.errors import ConfigError, UnsupportedModelError
+from verispec.models import FastModel, HFModel, tiny_model
+from verispec.models.default import make_target
+from verispec.models.runtime import (
+    PackedLinear,
+    bf16_supported,
+    default_dtype,
+    row_invariant_kernels,
+)
+from verispec.verifiers import Greedy
+
+EXACT = 1e-9
+V = 64
+prompts = st.lists(st.integers(0, V - 1), min_size=1, max_size=8)
+
+_MODELS: dict[tuple, FastModel] = {}
+
+
+def fast(
+    architecture: str = "llama",
+    dtype: torch.dtype = torch.float64,
+    hidden_size: int = 32,
+    **kwargs: object,
+) -> FastModel:
+    """A tiny random model of ``architecture`` (4 heads over 2 key/value heads) on the runtime,
+    cached per arguments."""
+    key = (architecture, dtype, hidden_size, tuple(sorted(kwargs.items())))
+    if key not in _MODELS:
+        source_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        hf = tiny_model(
+            architecture, vocab_size=V, seed=1, dtype=source_dtype, hidden_size=hidden_size
+        ).hf_model
+        _MODELS[key] = FastModel(hf, dtype=dtype, **kwargs)  # type: ignore[arg-type]
+    return _MODELS[key]
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "mistral"])
+@settings(max_examples=8)
+@given(prompt=prompts, tree=draft_trees(V, max_nodes=10))
+def test_tree_forward_equals_sequential_architectures(
+    architecture: str, prompt: list[int], tree: DraftTree
+) -> None:
+    """On tiny float64 Llama, Qwen2 (query/key/value biases) and Mistral, every row of one tree
+    pass equals decoding its path one token at a time, to 1e-9."""
+    model = fast(architecture)
+    model.prefill(torch.tensor(prompt))
+    logits = model.forward_tree(tree)
+    assert (logits - tree_reference(model, prompt, tree)).abs().max().item() < EXACT
+
+
+def _invariant_dtypes() -> list[torch.dtype]:
+    return [torch.float32, *([torch.bfloat16] if bf16_supported() else [])]
+
+
+@pytest.mark.parametrize("dtype", _invariant_dtypes(), ids=str)
+@settings(max_examples=15)
+@given(prompt=prompts, tree=draft_trees(V, max_nodes=14))
+def test_tree_rows_are_bitwise_sequential(
+    dtype: torch.dtype, prompt: list[int], tree: DraftTree
+) -> None:
+    """With prepacked float32 or bfloat16 weights, each tree row is bit for bit the row that
+    decoding its path one token at a time gives, side branches included (where this machine's
+    kernels are row-invariant at the model's shapes, as FastModel.row_invariant checks; head
+    dim 16 here: MKL's products with 8 columns are not)."""
+    model = fast(dtype=dtype, hidden_size=64)
+    if not model.row_invariant:
+        pytest.skip(f"this machine's {dtype} kernels are not row-invariant (see docs/runtime)")
+    assert model.runtime == "eager+oneDNN"
+    model.prefill(torch.tensor(prompt))
+    logits = model.forward_tree(tree)
+    assert torch.equal(logits, tree_reference(model, prompt, tree))
+
+
+def test_probe_detects_row_dependent_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """row_invariant_kernels reports False when products' rows depend on the row count: here
+    the projections replaced by MKL's float32 product, which is not row-invariant."""
+    import verispec.models.runtime as runtime
+
+    def mkl_forward(self: PackedLinear, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight)
+
+    def init(self: PackedLinear, linear: torch.nn.Linear) -> None:
+        torch.nn.Module.__init__(self)
+        self.weight = linear.weight.detach()
+
+    monkeypatch.setattr(PackedLinear, "forward", mkl_forward)
+    monkeypatch.setattr(PackedLinear, "__init__", init)
+    monkeypatch.setattr(runtime, "_INVARIANT", {})
+    assert row_invariant_kernels(torch.float32) is False
+
+
+def test_probe_detects_row_dependent_attention() -> None:
+    """At head dim 8 MKL's batched products give a row different bits for some row counts; the
+    probe says so for those shapes (and the tiny head-dim-8 models are not claimed invariant)."""
+    assert row_invariant_kernels(torch.float32, head_dim=8, widths=(32,), groups=2) is False
+    assert fast(dtype=torch.float32).row_invariant is False
+
+
+def test_close_to_transformers_float32() -> None:
+    """In float32 with prepacked weights, a tree pass matches the Hugging Face adapter's
+    sequential logits to 1e-4 (different kernels sum in different orders)."""
+    model = fast(dtype=torch.float32)
+    reference = HFModel(model.hf_model)
+    prompt, tree = [3, 9, 27, 17], DraftTree.from_parents([5, 6, 7, 8], [-1, 0, 0, 2])
+    model.prefill(torch.tensor(prompt))
+    logits = model.forward_tree(tree)
+    assert (logits - tree_reference(reference, prompt, tree)).abs().max().item() < 1e-4
+
+
+def test_prepacking_changes_kernels_not_results() -> None:
+    """The plain nn.Linear forward (prepack=False) and the prepacked one agree to 1e-5."""
+    packed, plain = fast(dtype=torch.float32), fast(dtype=torch.float32, prepack=False)
+    assert plain.runtime == "eager" and packed.runtime == "eager+oneDNN"
+    assert not any(isinstance(m, PackedLinear) for m in plain.transformer.modules())
+    tree = DraftTree.from_parents([1, 2, 3], [-1, 0, -1])
+    rows = []
+    for model in (packed, plain):
+        model.prefill(torch.tensor([4, 5, 6]))
+        rows.append(model.forward_tree(tree))
+    assert (rows[0] - rows[1]).abs().max().item() < 1e-5
+
+
+@pytest.mark.skipif(not bf16_supported(), reason="this CPU has no native bfloat16 products")
+def test_bfloat16_weights_float32_activations() -> None:
+    """bfloat16 weights keep activations and the cache in float32, return float32 logits,
+    and stay within bfloat16 rounding of the float32 model."""
+    bf16, fp32 = fast(dtype=torch.bfloat16), fast(dtype=torch.float32)
+    assert bf16.dtype == torch.bfloat16 and bf16.transformer.compute_dtype == torch.float32
+    rows = []
+    for model in (bf16, fp32):
+        model.prefill(torch.tensor([4, 5, 6]))
+        rows.append(model.forward_tree(DraftTree.from_parents([1, 2], [-1, 0])))
+        assert model.kv_cache()[0][0].dtype == torch.float32
+    assert rows[0].dtype == torch.float32
+    assert (rows[0] - rows[1]).abs().max().item() < 0.05 * rows[1].abs().max().item()
+
+
+def test_self_draft_shares_weights_and_matches_the_adapter() -> None:
+    """A self-draft view runs the chosen layers over the same weights (nothing copied), with its
+    own cache, and equals the Hugging Face adapter's self-draft of those layers."""
+    model = fast("qwen2")
+    view = model.self_draft([0])
+    assert view.transformer is model.transformer and view.num_layers == 1
+    model.prefill(torch.tensor([1, 2, 3]))
+    view.prefill(torch.tensor([7]))
+    assert model.num_committed == 3 and view.num_committed == 1  # separate caches
+    reference = HFModel(model.hf_model).self_draft([0])
+    tree = DraftTree.from_parents([4, 5], [-1, 0])
+    view.prefill(torch.tensor([1, 2, 3]))
+    reference.prefill(torch.tensor([1, 2, 3]))
+    # transformers normalises in float32 even for float64 models: agreement to 1e-5
+    assert (view.forward_tree(tree) - reference.forward_tree(tree)).abs().max().item() < 1e-5
+
+
+def test_long_prompt_runs_in_chunks_and_grows_the_cache() -> None:
+    """A 1,200-token prompt (three prefill chunks, past the first 1,024-slot allocation) gives
+    the root logits of sequential decoding, to 1e-9."""
+    model = FastModel(tiny_model("llama", vocab_size=V, seed=1, max_length=2048).hf_model)
+    ids = torch.randint(0, V, (1200,), generator=torch.Generator().manual_seed(5)).tolist()
+    model.prefill(torch.tensor(ids))
+    root = model.forward_tree(DraftTree.empty())[0]
+    assert (root - sequential_logits(model, ids)[-1]).abs().max().item() < EXACT
+
+
+def test_rows_padded_to_keep_products_row_invariant() -> None:
+    """One token runs as at least two rows, and as many as make the attention products four
+    rows when each key/value head serves few query heads."""
+    gqa = fast()  # 4 query heads over 2 key/value heads
+    assert gqa._shared.bucket(1) == 2 and gqa._shared.bucket(3) == 3
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,  # multi-head attention: G = 1
+        max_position_embeddings=64,
+    )
+    assert FastModel(LlamaForCausalLM(config))._shared.bucket(1) == 4
+
+
+def test_kv_cache_view() -> None:
+    """kv_cache() gives each layer's committed keys and values, Shape: (1, Hkv, S, D), without
+    the values' column of ones."""
+    model = fast()
+    model.prefill(torch.tensor([1, 2, 3, 4]))
+    keys, values = model.kv_cache()[0]
+    assert keys.shape == values.shape == (1, 2, 3, 8)
+
+
+def test_dtype_and_runtime_choices() -> None:
+    """dtype='auto' takes default_dtype(); the runtime string names what runs; make_target
+    picks the runtime, or the adapter when asked, and says which."""
+    hf = tiny_model("llama", vocab_size=V, dtype=torch.float32).hf_model
+    assert FastModel(hf, dtype="auto").dtype == default_dtype("cpu")
+    assert isinstance(make_target(hf, runtime="hf"), HFModel)
+    chosen = make_target(hf)
+    assert isinstance(chosen, FastModel) and "fast runtime" in chosen.runtime_note
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"dtype": torch.int8}, "`dtype` must be one of"),
+        ({"prepack": "yes"}, "`prepack` must be"),
+        ({"dtype": torch.float64, "prepack": True}, "`prepack=True` needs"),
+        ({"max_length": 1}, "`max_length` must be an integer >= 2"),
+    ],
+)
+def test_bad_arguments(kwargs: dict, match: str) -> None:
+    """Bad constructor arguments raise ConfigError naming the argument and what is allowed."""
+    hf = tiny_model("llama", vocab_size=V).hf_model
+    with pytest.raises(ConfigError, match=match):
+        FastModel(hf, **kwargs)
+
+
+def test_unsupported_model_falls_back_to_the_adapter() -> None:
+    """A rotary scaling that depends on the length is refused by the runtime with a named error;
+    make_target(runtime='auto') then wraps the model in the adapter and says why."""
+    hf = tiny_model("llama", vocab_size=V).hf_model
+    hf.model.rotary_emb.rope_type = "dynamic"
+    with pytest.raises(UnsupportedModelError, match="rope_type 'dynamic'"):
+        FastModel(hf)
+    model = make_target(hf)
+    assert isinstance(model, HFModel) and "does not cover" in model.runtime_note
+    with pytest.raises(UnsupportedModelError):
+        make_target(hf, runtime="fast")
+    with pytest.raises(ConfigError, match="`runtime` must be one of"):
+        make_target(hf, runtime="vllm")
+
+
+# -- the real model (slow) ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_hf() -> tuple[object, object]:
+    from verispec.models import load_default_model
+
+    model, tokenizer = load_default_model(runtime="hf")
+    return model.hf_model, tokenizer
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_equals_generate(smollm2_hf: tuple) -> None:
+    """On SmolLM2 in float32 the runtime's greedy decoding equals transformers' generate, token
+    for token, for 3 prompts x 32 tokens."""
+    hf_model, tokenizer = smollm2_hf
+    decoder = SpeculativeDecoder(FastModel(hf_model), None, Greedy())
+    for prompt in ("What is the capital of France?", "Write a haiku.", "def fibonacci(n):"):
+        ids = tokenizer.encode(prompt)
+        with torch.no_grad():
+            out = hf_model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=32,
+                do_sample=False,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        assert decoder.generate(ids, max_new_tokens=32).tokens == out[0, len(ids) :].tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", _invariant_dtypes(), ids=str)
+def test_smollm2_drafters_token_identical_to_ar(smollm2_hf: tuple, dtype: torch.dtype) -> None:
+    """On SmolLM2, at float32 and at bfloat16 (where native), Token Recycling, dynamic Token
+    Recycling and prompt lookup generate exactly the runtime's own greedy tokens (at most 48
+    tokens, 2 prompts), and each accepts drafts."""
+    from verispec.drafters import DynamicTokenRecycling, PromptLookup, TokenRecycling
+
+    hf_model, tokenizer = smollm2_hf
+    model = FastModel(hf_model, dtype=dtype)
+    if not model.row_invariant:
+        pytest.skip(f"this machine's {dtype} kernels are not row-invariant (see docs/runtime)")
+    drafters = [TokenRecycling("16"), DynamicTokenRecycling(), PromptLookup()]
+    accepted = [0] * len(drafters)  # drafters keep what they learn across the prompts
+    for text in ("List five fruits and their colours.", "Repeat: the cat sat on the mat."):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        ids = tokenizer.encode(ids)
+        plain = SpeculativeDecoder(model, None, Greedy()).generate(ids, max_new_tokens=48)
+        for i, drafter in enumerate(drafters):
+            result = SpeculativeDecoder(model, drafter, Greedy()).generate(ids, max_new_tokens=48)
+            assert result.tokens == plain.tokens, type(drafter).__name__
+            accepted[i] += sum(step.accepted for step in result.steps)
+    assert all(count > 0 for count in accepted), accepted

@@ -1,0 +1,434 @@
+"""A Llama-family decoder of our own: the plain forward the fast runtime runs.
+
+Llama, Qwen2 and Mistral (and so SmolLM2) share one decoder: RMSNorm, grouped-query
+attention with rotary positions, a SwiGLU feed-forward. :class:`Transformer` is that
+decoder written for one sequence and for tree decoding, after gpt-fast's ``model.py``:
+
+* one small module per block; the three attention projections are one matrix
+  (``wqkv``) and the gate and up projections another (``w13``), since each group is
+  one matrix product;
+* :class:`KVCache` is a module of its own: one preallocated key and one value tensor
+  per layer, Shape: (Hkv, capacity, D). A forward writes its Q new entries into slots
+  ``[start, start + Q)`` in place and attends to slots ``[0, start + Q)`` only. The
+  caches are handed to :meth:`Transformer.forward`, not kept in it, so a target and
+  its self-draft (a subset of the layers) share the weights and keep their own caches;
+* the rotary tables are computed once, for every position, by the Hugging Face
+  model's own rotary module (so every rope type it computes statically is exact);
+* the attention is explicit: one matrix product of the queries of each key/value
+  group against the used slots (no key repeated per head), the mask, and a softmax
+  written as matrix products so that its result for a token does not depend on the
+  other tokens of the pass (see :class:`Attention`).
+
+The queries of one forward are any Q tokens at any positions: the pending tokens
+and a draft tree's nodes. They see every committed slot and, among the last slots,
+what an additive ``local_bias`` allows (causal for the pending tokens, ancestors for
+tree nodes).
+
+What makes it fast (weights prepacked for oneDNN, static shapes per tree-size
+bucket, ``torch.compile``) is wrapped around this module in
+:mod:`verispec.models.runtime`, switchable off; this forward stays the reference.
+
+Numerics: float32 and float64 run in their own dtype. With bfloat16 (or float16)
+weights the activations between matrix products stay in float32 (the residual
+stream, norms, rotary, attention and its cache); only the inputs of the weight
+matrix products are rounded, as autocast does, so no error accumulates in the
+residual stream.
+
+Shape glossary: Q new tokens, S used slots, H query heads, Hkv key/value heads,
+D head dim, E model width, F feed-forward width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import attrs
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from verispec.errors import UnsupportedModelError
+
+__all__ = ["KVCache", "ModelArgs", "Transformer", "from_hf"]
+
+_ARCHITECTURES = {"llama", "qwen2", "mistral"}
+_STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables independent of length
+
+
+@attrs.frozen
+class ModelArgs:
+    """The shape of a Llama-family decoder.
+
+    Attributes:
+        vocab_size: V. dim: E. n_layers: decoder layers. n_heads: H. n_kv_heads: Hkv.
+        head_dim: D. hidden_dim: F. norm_eps: RMSNorm epsilon.
+        qkv_bias: the query/key/value projections have biases (Qwen2).
+        o_bias, mlp_bias: the output and feed-forward projections have biases.
+    """
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    norm_eps: float
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> ModelArgs:
+        """Read a ``transformers`` Llama, Qwen2 or Mistral config.
+
+        Raises:
+            UnsupportedModelError: another architecture, an activation other than SiLU,
+                a rotary scaling that depends on the sequence length, or a sliding
+                window smaller than the context.
+        """
+        model_type = getattr(config, "model_type", None)
+        if model_type not in _ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"the fast runtime runs Llama, Qwen2 and Mistral decoders; got model_type "
+                f"{model_type!r}. Use verispec.HFModel for other architectures."
+            )
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(
+                f"the fast runtime needs hidden_act='silu'; got {config.hidden_act!r}."
+            )
+        heads = int(config.num_attention_heads)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        bias = bool(getattr(config, "attention_bias", False))
+        return cls(
+            vocab_size=int(config.vocab_size),
+            dim=int(config.hidden_size),
+            n_layers=int(config.num_hidden_layers),
+            n_heads=heads,
+            n_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(head_dim),
+            hidden_dim=int(config.intermediate_size),
+            norm_eps=float(config.rms_norm_eps),
+            qkv_bias=bias or model_type == "qwen2",
+            o_bias=bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        )
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype activations live in: float32 for half-precision weights."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich, 2019), computed in the activations' dtype."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: Shape: (Q, E). ``x * rsqrt(mean(x**2) + eps) * weight``, one fused op."""
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class KVCache(nn.Module):
+    """One layer's keys and values, preallocated, written in place.
+
+    Buffers ``k``: Shape: (Hkv, capacity, D) and ``v``: Shape: (Hkv, capacity, D + 1),
+    whose last column is all ones, so that one product of softmax weights with ``v``
+    gives both the weighted values and the weights' sum (see :class:`Attention`). Slot
+    ``j`` holds the entry of the token the caller put there; the runtime keeps
+    committed token ``j`` in slot ``j``.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    def __init__(self, n_kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.capacity, self.head_dim = capacity, head_dim
+        values = torch.zeros(n_kv_heads, capacity, head_dim + 1, dtype=dtype)
+        values[..., head_dim] = 1.0
+        self.register_buffer("k", torch.zeros(n_kv_heads, capacity, head_dim, dtype=dtype))
+        self.register_buffer("v", values)
+
+    def update(
+        self, start: int, k: torch.Tensor, v: torch.Tensor, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k``, ``v`` (Shape: (Hkv, Q, D)) into slots ``[start, start + Q)``.
+
+        Returns the keys (Shape: (Hkv, length, D)) and values with their column of ones
+        (Shape: (Hkv, length, D + 1)) of slots ``[0, length)``.
+        """
+        end = start + k.shape[1]
+        self.k[:, start:end] = k
+        self.v[:, start:end, : self.head_dim] = v
+        return self.k[:, :length], self.v[:, :length]
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with rotary positions over the used cache slots.
+
+    The softmax is written out so that a query's result depends only on the keys it
+    sees, in their order, not on how many other queries run with it or where masked
+    slots lie between its keys: the scores are one matrix product (each an independent
+    dot product), the maximum is exact, and the weighted sum of the values and the sum
+    of the weights come from one matrix product (the values carry a column of ones)
+    whose accumulation runs over the slots in order. On CPU BLAS libraries whose products
+    have that property (checked by :func:`verispec.models.runtime.row_invariant_kernels`),
+    a tree node's logits equal, bit for bit, those of decoding its path one token at a
+    time.
+    """
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        q_width, kv_width = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+        self.wqkv = nn.Linear(args.dim, q_width + 2 * kv_width, bias=args.qkv_bias)
+        self.wo = nn.Linear(q_width, args.dim, bias=args.o_bias)
+        # The softmax scale 1/sqrt(D) is folded into the query rows of ``wqkv`` (from_hf).
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        length: int,
+        local_bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """x: (Q, E); cos, sin: (Q, D); local_bias: (Q, W), 0 = attend, -inf = not.
+
+        The new entries go to slots ``[start, start + Q)``; each query attends to slots
+        ``[0, length)``: all before ``length - W``, and of the last W those its bias row
+        allows.
+        """
+        q_len = x.shape[0]
+        heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = _matmul(self.wqkv, x)
+        v = qkv[:, (heads + kv_heads) * head_dim :]
+        qk = _rope(qkv[:, : (heads + kv_heads) * head_dim].view(q_len, -1, head_dim), cos, sin)
+        q, k = qk[:, :heads], qk[:, heads:]  # (Q, H, D), (Q, Hkv, D)
+        v = v.view(q_len, kv_heads, head_dim)  # (Q, Hkv, D)
+        keys, values = cache.update(start, k.transpose(0, 1), v.transpose(0, 1), length)
+        # The queries of one key/value head side by side: (Hkv, G * Q, D), G = H / Hkv.
+        groups = heads // kv_heads
+        q = q.view(q_len, kv_heads, groups, head_dim).permute(1, 2, 0, 3)
+        q = q.reshape(kv_heads, groups * q_len, head_dim)
+        scores = torch.bmm(q, keys.transpose(1, 2))  # (Hkv, G * Q, S)
+        scores.view(kv_heads, groups, q_len, length)[..., -local_bias.shape[1] :] += local_bias
+        weights = (scores - scores.amax(-1, keepdim=True)).exp_()  # unnormalised softmax
+        summed = torch.bmm(weights, values)  # (Hkv, G * Q, D + 1); last column: the sums
+        out = summed[..., :head_dim] / summed[..., head_dim:]
+        out = out.view(kv_heads, groups, q_len, head_dim).permute(2, 0, 1, 3)
+        return _matmul(self.wo, out.reshape(q_len, heads * head_dim))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: ``w2(silu(x W1) * x W3)``, with W1 and W3 as one matrix ``w13``."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.hidden_dim = args.hidden_dim
+        self.w13 = nn.Linear(args.dim, 2 * args.hidden_dim, bias=args.mlp_bias)
+        self.w2 = nn.Linear(args.hidden_dim, args.dim, bias=args.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = _matmul(self.w13, x).split(self.hidden_dim, -1)
+        return _matmul(self.w2, F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """One decoder layer: pre-norm attention, pre-norm feed-forward, residuals."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        length: int,
+        local_bias: torch.Tensor,
+    ) -> torch.Tensor:
+        h = self.attention(self.attention_norm(x), cos, sin, cache, start, length, local_bias)
+        h = x + h
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """A Llama-family decoder over one sequence; see the module docstring.
+
+    Build it with :func:`from_hf`, make caches with :meth:`setup_caches`, then call
+    :meth:`forward` for the hidden states of new tokens and :meth:`logits` for the
+    rows whose next-token logits are needed.
+    """
+
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)  # (positions, D)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+
+    @property
+    def blocks(self) -> list[Block]:
+        """The decoder layers, in order."""
+        return cast(list[Block], list(self.layers))
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return self.tok_embeddings.weight.dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return _compute_dtype(self.weight_dtype)
+
+    def setup_caches(self, capacity: int, num_layers: int | None = None) -> list[KVCache]:
+        """Fresh caches of ``capacity`` slots, one per layer (or for ``num_layers`` layers)."""
+        device = self.rope_cos.device
+        shape = (self.args.n_kv_heads, capacity, self.args.head_dim)
+        return [
+            KVCache(*shape, self.compute_dtype).to(device)
+            for _ in range(self.args.n_layers if num_layers is None else num_layers)
+        ]
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[KVCache],
+        start: int,
+        length: int,
+        local_bias: torch.Tensor,
+        layers: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        """The final-normed hidden states of ``tokens``.
+
+        Args:
+            tokens: int64, Shape: (Q,).
+            positions: int64, Shape: (Q,); the rotary position of each token.
+            caches: one per decoder layer run.
+            start: the first cache slot the new entries go to.
+            length: the tokens attend to slots ``[0, length)``, ``length >= start + Q``.
+            local_bias: Shape: (Q, W), the compute dtype; 0 where a token sees one of the
+                last W slots before ``length``, ``-inf`` where it does not (every earlier
+                slot is seen).
+            layers: run only these decoder layers, in order (a self-draft); all if None.
+
+        Returns:
+            Shape: (Q, E), in the compute dtype.
+        """
+        x = self.tok_embeddings(tokens).to(self.compute_dtype)  # (Q, E)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        blocks = self.blocks if layers is None else [self.blocks[i] for i in layers]
+        for block, cache in zip(blocks, caches, strict=True):
+            x = block(x, cos, sin, cache, start, length, local_bias)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head: hidden Shape: (R, E) to logits Shape: (R, V), float32 or float64."""
+        out = _matmul(self.output, hidden)
+        return out if out.dtype == torch.float64 else out.float()
+
+
+def _matmul(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)``, rounding ``x`` to the weights' dtype and the result back (half weights)."""
+    weight_dtype = cast(torch.dtype, getattr(linear, "weight_dtype", None) or linear.weight.dtype)
+    if weight_dtype == x.dtype:
+        return linear(x)
+    return linear(x.to(weight_dtype)).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, rotate-half convention: x: (Q, heads, D); cos, sin: (Q, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+# -- conversion from transformers -----------------------------------------------------
+
+
+def from_hf(hf_model: Any, *, dtype: torch.dtype | None = None, max_positions: int) -> Transformer:
+    """A :class:`Transformer` with the weights of a loaded ``transformers`` model.
+
+    Args:
+        hf_model: ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM``.
+        dtype: weight dtype (default: the model's).
+        max_positions: rotary tables are computed for positions ``[0, max_positions)``.
+
+    Raises:
+        UnsupportedModelError: see :meth:`ModelArgs.from_hf_config`.
+    """
+    args = ModelArgs.from_hf_config(hf_model.config)
+    decoder = hf_model.model
+    rotary = decoder.rotary_emb
+    rope_type = getattr(rotary, "rope_type", "default")
+    if rope_type not in _STATIC_ROPE:
+        raise UnsupportedModelError(
+            f"the fast runtime precomputes rotary tables, which rope_type {rope_type!r} does "
+            f"not allow (it depends on the sequence length); use verispec.HFModel."
+        )
+    source = next(hf_model.parameters())
+    dtype = dtype or source.dtype
+    model = Transformer(args).to(source.dtype)  # copies below are exact; the cast comes last
+    with torch.no_grad():
+        model.tok_embeddings.weight.copy_(decoder.embed_tokens.weight)
+        model.output.weight.copy_(hf_model.get_output_embeddings().weight)
+        model.norm.weight.copy_(decoder.norm.weight)
+        for block, layer in zip(model.blocks, decoder.layers, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            _copy_fused(block.attention.wqkv, [attn.q_proj, attn.k_proj, attn.v_proj])
+            # the softmax scale, folded into the query rows (exact for a power-of-two D)
+            q_rows = args.n_heads * args.head_dim
+            block.attention.wqkv.weight[:q_rows] *= args.head_dim**-0.5
+            if block.attention.wqkv.bias is not None:
+                block.attention.wqkv.bias[:q_rows] *= args.head_dim**-0.5
+            _copy_fused(block.attention.wo, [attn.o_proj])
+            _copy_fused(block.feed_forward.w13, [mlp.gate_proj, mlp.up_proj])
+            _copy_fused(block.feed_forward.w2, [mlp.down_proj])
+            block.attention_norm.weight.copy_(layer.input_layernorm.weight)
+            block.ffn_norm.weight.copy_(layer.post_attention_layernorm.weight)
+        compute = _compute_dtype(dtype)
+        probe = torch.zeros(1, dtype=compute, device=source.device)
+        positions = torch.arange(max_positions, device=source.device)[None]
+        cos, sin = rotary(probe, positions)  # (1, positions, D), attention scaling applied
+    model = model.to(device=source.device)
+    # Weights and embeddings in ``dtype``; norms and rotary tables in the compute dtype.
+    for module in model.modules():
+        if isinstance(module, nn.Linear | nn.Embedding):
+            module.to(dtype)
+        elif isinstance(module, RMSNorm):
+            module.to(compute)
+    if getattr(hf_model.config, "tie_word_embeddings", False):
+        model.output.weight = model.tok_embeddings.weight  # one tensor, as in the source
+    model.rope_cos = cos[0].to(compute)
+    model.rope_sin = sin[0].to(compute)
+    return model.eval().requires_grad_(False)
+
+
+def _copy_fused(target: nn.Linear, sources: Sequence[nn.Linear]) -> None:
+    target.weight.copy_(torch.cat([s.weight for s in sources], dim=0))
+    if target.bias is not None:
+        biases: list[torch.Tensor] = [
+            s.bias if s.bias is not None else torch.zeros_like(s.weight[:, 0]) for s in sources
+        ]
+        target.bias.copy_(torch.cat(biases))

@@ -1,0 +1,471 @@
+"""The fast runtime: verispec's own Llama-family forward behind the ``LanguageModel`` protocol.
+
+:class:`FastModel` runs a :class:`~verispec.models.llama.Transformer` built from a
+loaded ``transformers`` model (Llama, Qwen2, Mistral: SmolLM2 included) and keeps its
+KV cache the way tree decoding wants it: one preallocated key and value tensor per
+layer, the pending tokens and tree nodes written into their slots in place, a commit
+that moves only the accepted nodes' entries, attention over the used slots only. No
+cache is allocated or copied per step (the buffers grow by doubling, rarely).
+
+What makes it fast is wrapped around the plain forward, in this module, each
+switchable off:
+
+* **Prepacked weights** (CPU, float32 and bfloat16): every ``nn.Linear`` is replaced by
+  :class:`PackedLinear`, whose weight is reordered once into oneDNN's blocked layout.
+  On the CPUs measured, oneDNN's product is 1.5-3x faster than the default MKL one for
+  2 or more rows. oneDNN's results for a row do not depend on how many rows are
+  computed with it (checked for every projection shape of the model, see
+  docs/runtime.rst), so a token's logits are the same in a 1-node and a 60-node step;
+  single rows are padded to two, the smallest shape with that property in float32.
+* **CUDA**: the same code runs on a GPU (no prepacking); see docs/runtime.rst.
+
+bfloat16 is used only where the CPU multiplies it natively (AVX-512 BF16 or AMX):
+``dtype="auto"`` picks it there and float32 elsewhere (:func:`default_dtype`).
+
+Shape glossary: N tree nodes, V vocabulary, Q fed tokens, E model width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from verispec.errors import ConfigError
+from verispec.models._sequence import TreeSequenceModel, layer_indices
+from verispec.models.llama import KVCache, Transformer, from_hf
+
+__all__ = [
+    "FastModel",
+    "PackedLinear",
+    "bf16_supported",
+    "cpu_features",
+    "default_dtype",
+    "prepack_linears",
+    "row_invariant_kernels",
+]
+
+_MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
+_PREFILL_CHUNK = 512  # prompt tokens per prefill pass (bounds the score matrix)
+_SLOT_ALIGN = 128  # attended slots are padded to a multiple of this (see _feed_once)
+_MIN_PRODUCT_ROWS = 4  # smallest row count of a product whose rows do not depend on it
+
+
+_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+
+
+def cpu_features() -> list[str]:
+    """Which of the instruction sets that decide the matrix kernels this CPU reports.
+
+    Read from ``/proc/cpuinfo`` (Linux); empty elsewhere.
+    """
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return [name for name in _FEATURES if name in flags]
+    except OSError:
+        pass
+    return []
+
+
+def bf16_supported() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), per oneDNN."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def default_dtype(device: str | torch.device = "cpu") -> torch.dtype:
+    """bfloat16 on a GPU or a CPU that multiplies it natively, float32 elsewhere."""
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if bf16_supported() else torch.float32
+
+
+_INVARIANT: dict[tuple, bool] = {}
+
+
+def row_invariant_kernels(
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    *,
+    head_dim: int = 64,
+    widths: tuple[int, ...] = (576, 1536),
+    groups: int = 3,
+) -> bool:
+    """Whether this machine's matrix kernels give a row the same bits whatever else is computed.
+
+    The runtime's tree rows equal sequential decoding bit for bit when, at the model's
+    shapes, (1) oneDNN's product with a prepacked weight gives a row the same result for
+    any row count from 2 up (inner widths ``widths``); (2) a batched product's row is the
+    same for any row count the attention uses (``groups`` times the padded token count)
+    and any column count (inner width ``head_dim``); (3) the product of softmax weights
+    with the values (``head_dim + 1`` columns) accumulates over the slots so that only
+    the order of the nonzero terms matters: not their positions, nor zeros between or
+    after them, for slot counts that are multiples of 128. This checks the three on
+    random data (tens of milliseconds, once per process and shape) and says whether they
+    hold; see docs/runtime.rst. Defaults: SmolLM2-135M's shapes.
+    """
+    key = (dtype, str(device), head_dim, tuple(widths), groups)
+    if key not in _INVARIANT:
+        _INVARIANT[key] = _probe_invariance(dtype, torch.device(device), head_dim, widths, groups)
+    return _INVARIANT[key]
+
+
+def _probe_invariance(
+    dtype: torch.dtype, device: torch.device, head_dim: int, widths: tuple[int, ...], groups: int
+) -> bool:
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int, uniform: bool = False) -> torch.Tensor:
+        draw = torch.rand if uniform else torch.randn
+        return draw(*shape, generator=generator).to(device, compute)
+
+    compute = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    checks = []
+    with torch.no_grad():
+        if _can_prepack(device, dtype):  # (1) prepacked projections, 2..40 rows
+            for inner in widths:
+                packed = PackedLinear(nn.Linear(inner, 96, bias=False).to(device, dtype))
+                x = rand(40, inner).to(dtype)
+                first = packed(x[:2])[:2]
+                checks += [torch.equal(packed(x[:m])[:2], first) for m in range(3, 41)]
+        rows = [groups * q for q in range(max(2, -(-_MIN_PRODUCT_ROWS // groups)), 41)]
+        keys, queries = rand(2, 640, head_dim), rand(2, rows[-1], head_dim)
+        scores = torch.bmm(queries[:, : rows[0]], keys[:, :384].transpose(1, 2))  # (2)
+        for m in rows:
+            for n in (384, 640):
+                got = torch.bmm(queries[:, :m], keys[:, :n].transpose(1, 2))
+                checks.append(torch.equal(got[:, : rows[0], :384], scores))
+        values = rand(2, 640, head_dim + 1)  # (3)
+        weights = rand(2, rows[-1], 640, uniform=True)
+        weights[..., 300:] = 0
+        reference = torch.bmm(weights[:, : rows[0], :384], values[:, :384])
+        for m in rows:
+            for length in (384, 640):
+                got = torch.bmm(weights[:, :m, :length], values[:, :length])
+                checks.append(torch.equal(got[:, : rows[0]], reference))
+        moved_w, moved_v = torch.zeros_like(weights), torch.zeros_like(values)
+        moved_w[..., :290], moved_v[:, :290] = weights[..., :290], values[:, :290]
+        moved_w[..., 291:311:2], moved_v[:, 291:311:2] = weights[..., 290:300], values[:, 290:300]
+        got = torch.bmm(moved_w[:, : rows[0], :512], moved_v[:, :512])
+        checks.append(torch.equal(got, reference))
+    return all(checks)
+
+
+class PackedLinear(nn.Module):
+    """``nn.Linear`` with its weight reordered once for oneDNN (CPU, float32 or bfloat16).
+
+    Attributes:
+        packed: the weight in oneDNN's blocked layout (an opaque mkldnn tensor).
+        bias: the original bias, or ``None``.
+        weight_dtype: the dtype inputs must have.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight_dtype = linear.weight.dtype
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: Shape: (R, in_features), in ``weight_dtype``."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, dtype={self.weight_dtype}, oneDNN"
+
+
+def prepack_linears(module: nn.Module) -> int:
+    """Replace every ``nn.Linear`` under ``module`` by a :class:`PackedLinear`; return how many.
+
+    Tied weights (the embedding and the LM head) stay tied: the embedding keeps the
+    plain tensor, the head gets a packed copy.
+    """
+    count = 0
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, PackedLinear(child))
+            count += 1
+        else:
+            count += prepack_linears(child)
+    return count
+
+
+def _can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and bf16_supported())
+
+
+class FastModel(TreeSequenceModel):
+    """A Llama-family model on verispec's own forward, as a ``LanguageModel``.
+
+    Batch size 1. Build it from a loaded ``transformers`` model; the weights are copied
+    (fused, cast, prepacked) and the source model is kept as :attr:`hf_model` (the
+    reference, and the ``hf`` peers of the benchmark).
+
+    Args:
+        hf_model: ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM``
+            (SmolLM2 is a Llama).
+        dtype: weight dtype: ``torch.float32``, ``torch.bfloat16``, ``torch.float16``,
+            ``torch.float64`` or ``"auto"`` (:func:`default_dtype`); ``None`` keeps the
+            source model's.
+        max_length: cap on the context (prompt plus generated plus tree); defaults to
+            ``max_position_embeddings``.
+        prepack: ``"auto"`` prepacks for oneDNN where it helps (CPU, float32 or native
+            bfloat16); ``False`` runs the plain ``nn.Linear`` forward.
+
+    Raises:
+        UnsupportedModelError: an architecture or rotary scaling the runtime does not
+            cover (use :class:`~verispec.models.HFModel`).
+    """
+
+    def __init__(
+        self,
+        hf_model: Any,
+        *,
+        dtype: torch.dtype | str | None = None,
+        max_length: int | None = None,
+        prepack: bool | str = "auto",
+    ) -> None:
+        config = hf_model.config
+        context = int(getattr(config, "max_position_embeddings", 2048))
+        window = getattr(config, "sliding_window", None)
+        if window and getattr(config, "use_sliding_window", True):
+            context = min(context, int(window))  # no sliding window is applied
+        if max_length is not None:
+            if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+                raise ConfigError(f"`max_length` must be an integer >= 2; got {max_length!r}.")
+            context = min(context, max_length)
+        device = next(hf_model.parameters()).device
+        if dtype == "auto":
+            dtype = default_dtype(device)
+        if dtype is not None and dtype not in _DTYPES:
+            raise ConfigError(
+                f"`dtype` must be one of float32, bfloat16, float16, float64 or 'auto'; "
+                f"got {dtype!r}."
+            )
+        if prepack not in (True, False, "auto"):
+            raise ConfigError(f"`prepack` must be True, False or 'auto'; got {prepack!r}.")
+        transformer = from_hf(hf_model, dtype=dtype, max_positions=context)  # type: ignore[arg-type]
+        weight_dtype = transformer.weight_dtype
+        if prepack is True and not _can_prepack(device, weight_dtype):
+            raise ConfigError(
+                f"`prepack=True` needs a CPU with oneDNN and float32 or native bfloat16 "
+                f"weights; got {weight_dtype} on {device}."
+            )
+        packed = bool(prepack) and _can_prepack(device, weight_dtype)
+        if packed:
+            prepack_linears(transformer)
+        shared = _Shared(transformer, hf_model, packed=packed)
+        self._setup(shared, context, tuple(range(transformer.args.n_layers)))
+
+    @classmethod
+    def _view(cls, shared: _Shared, max_length: int, layers: tuple[int, ...]) -> FastModel:
+        view = cls.__new__(cls)
+        view._setup(shared, max_length, layers)
+        return view
+
+    def _setup(self, shared: _Shared, max_length: int, layers: tuple[int, ...]) -> None:
+        self._shared = shared
+        self.transformer = shared.transformer
+        self.hf_model = shared.hf_model
+        self.config = shared.hf_model.config
+        self.layer_indices = layers
+        self.vocab_size = self.transformer.args.vocab_size
+        self.max_length = max_length
+        self.device = self.transformer.rope_cos.device
+        self.dtype = self.transformer.weight_dtype
+        self.eos_token_id = _eos_token_id(shared.hf_model)
+        # None (every layer) keeps the full model's call the plain one
+        full = layers == tuple(range(len(self.transformer.layers)))
+        self._layers_arg = None if full else layers
+        self._caches: list[KVCache] = []
+        self._init_sequence()
+
+    # -- construction -------------------------------------------------------------------
+
+    def self_draft(
+        self, layers: int | Sequence[int], *, max_length: int | None = None
+    ) -> FastModel:
+        """A draft model that runs only ``layers`` of this model, sharing its weights.
+
+        The view runs the chosen decoder layers in order, then the final norm and the
+        LM head, with its own cache. No weight is copied.
+
+        Args:
+            layers: ``n`` for the first ``n`` layers, or strictly increasing layer indices.
+        """
+        chosen = layer_indices(layers, self.transformer.args.n_layers)
+        return FastModel._view(
+            self._shared, self.max_length if max_length is None else max_length, chosen
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_indices)
+
+    @property
+    def row_invariant(self) -> bool:
+        """Whether this machine's kernels make every tree row equal sequential decoding, bit
+        for bit, at this model's shapes and dtype (:func:`row_invariant_kernels`)."""
+        args = self.transformer.args
+        q_width = args.n_heads * args.head_dim
+        return row_invariant_kernels(
+            self.dtype if self._shared.packed else self.transformer.compute_dtype,
+            self.device,
+            head_dim=args.head_dim,
+            widths=tuple(sorted({args.dim, q_width, args.hidden_dim})),
+            groups=args.n_heads // args.n_kv_heads,
+        )
+
+    @property
+    def runtime(self) -> str:
+        """What runs the forward: ``"eager"``, plus ``"+oneDNN"`` if the weights are prepacked."""
+        return "eager" + ("+oneDNN" if self._shared.packed else "")
+
+    # -- introspection (tests, debugging) -----------------------------------------------
+
+    def kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The committed entries of each run layer: keys, values, Shape: (1, Hkv, S, D)."""
+        return [
+            (c.k[None, :, : self._cached], c.v[None, :, : self._cached, : c.head_dim])
+            for c in self._caches
+        ]
+
+    # -- TreeSequenceModel hooks --------------------------------------------------------
+
+    def _clear(self) -> None:
+        self._caches = []
+
+    def _compact(self, start: int, source: torch.Tensor) -> None:
+        from verispec.kernels.ops import compact_kv
+
+        compact_kv([t for c in self._caches for t in (c.k, c.v)], start, source)
+
+    def _reserve(self, slots: int) -> None:
+        """Make every cache hold at least ``slots`` slots (allocate, or double and copy)."""
+        capacity = self._caches[0].capacity if self._caches else 0
+        if slots <= capacity:
+            return
+        new_capacity = max(_MIN_CAPACITY, 2 * capacity)
+        while new_capacity < slots:
+            new_capacity *= 2
+        fresh = self.transformer.setup_caches(new_capacity, len(self.layer_indices))
+        for old, new in zip(self._caches, fresh, strict=False):
+            new.k[:, :capacity] = old.k
+            new.v[:, :capacity] = old.v
+        self._caches = fresh
+
+    def _feed(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        visible: int,
+        local_mask: torch.Tensor | None,
+        keep_rows: int | None,
+    ) -> torch.Tensor:
+        """See :meth:`TreeSequenceModel._feed`. A long causal pass runs in chunks."""
+        queries = tokens.numel()
+        if queries == 0:  # nothing to feed (extend_from == N)
+            return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
+        if local_mask is None:  # causal prefill, in chunks of _PREFILL_CHUNK tokens
+            for first in range(0, queries, _PREFILL_CHUNK):
+                last = min(first + _PREFILL_CHUNK, queries)
+                causal = torch.ones(last - first, last - first, dtype=torch.bool).tril_()
+                rows = keep_rows if last == queries else 0
+                logits = self._feed_once(
+                    tokens[first:last], positions[first:last], visible + first, causal, rows
+                )
+            return logits
+        return self._feed_once(tokens, positions, visible, local_mask, keep_rows)
+
+    @torch.no_grad()  # not inference_mode: callers may modify the logits in place
+    def _feed_once(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        visible: int,
+        local_mask: torch.Tensor,
+        keep_rows: int | None,
+    ) -> torch.Tensor:
+        queries, width = local_mask.shape
+        # Pad to the bucket: pad tokens attend only to themselves, and their slots, after
+        # the real ones, are masked for every real token.
+        padded = self._shared.bucket(queries)
+        if padded > queries:
+            pad = padded - queries
+            tokens = torch.cat([tokens, tokens.new_zeros(pad)])
+            positions = torch.cat([positions, positions.new_zeros(pad)])
+            grown = torch.zeros(padded, width + pad, dtype=torch.bool)
+            grown[:queries, :width] = local_mask
+            grown[queries:, width:] = torch.eye(pad, dtype=torch.bool)
+            local_mask, width = grown, width + pad
+        start = visible + width - padded
+        # Attend to a multiple of _SLOT_ALIGN slots, the extra ones masked: with the
+        # row-invariant kernels, a product's result then does not depend on how many
+        # slots this pass happens to use.
+        length = -(-(start + padded) // _SLOT_ALIGN) * _SLOT_ALIGN
+        self._reserve(length)
+        bias = torch.full((padded, length - visible), float("-inf"))
+        bias[:, :width].masked_fill_(local_mask, 0.0)
+        bias = bias.to(self.transformer.compute_dtype)
+        with torch.inference_mode():
+            hidden = self.transformer(
+                tokens.to(self.device, non_blocking=True),
+                positions.to(self.device, non_blocking=True),
+                self._caches,
+                start,
+                length,
+                bias.to(self.device, non_blocking=True),
+                self._layers_arg,
+            )  # (padded, E)
+        rows = queries if keep_rows is None else keep_rows
+        if rows == 0:
+            return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
+        # At least two rows through the LM head too (same results whatever the count).
+        first = max(0, min(queries - rows, padded - 2))
+        logits = self.transformer.logits(hidden[first : max(queries, first + 2)])
+        return logits[queries - rows - first : queries - first]
+
+    def __repr__(self) -> str:
+        return (
+            f"FastModel({type(self.hf_model).__name__}, layers={self.num_layers}/"
+            f"{len(self.transformer.layers)}, vocab_size={self.vocab_size}, "
+            f"max_length={self.max_length}, dtype={self.dtype}, device={self.device}, "
+            f"runtime={self.runtime})"
+        )
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+class _Shared:
+    """What a model and its self-draft views share: the weights and the source model."""
+
+    def __init__(self, transformer: Transformer, hf_model: Any, *, packed: bool) -> None:
+        self.transformer = transformer
+        self.hf_model = hf_model
+        self.packed = packed
+        # Every product runs on at least _MIN_PRODUCT_ROWS rows: the projections on Q,
+        # the attention products on G * Q (G query heads per key/value head).
+        args = transformer.args
+        groups = args.n_heads // args.n_kv_heads
+        self.min_rows = max(2, -(-_MIN_PRODUCT_ROWS // groups))
+
+    def bucket(self, queries: int) -> int:
+        """Rows one forward computes for ``queries`` tokens (padding included)."""
+        return max(queries, self.min_rows)
+
+
+def _eos_token_id(hf_model: Any) -> Any:
+    generation_config = getattr(hf_model, "generation_config", None)
+    eos = getattr(generation_config, "eos_token_id", None)
+    return eos if eos is not None else getattr(hf_model.config, "eos_token_id", None)
