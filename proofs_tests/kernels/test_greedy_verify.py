@@ -7,7 +7,6 @@ import torch
 
 from verispec.core.tree import DraftTree
 from verispec.kernels import ops, reference
-from verispec.kernels.verify import KernelGreedy
 from verispec.verifiers import Greedy
 
 
@@ -49,7 +48,7 @@ def test_ties_empty_tree_and_duplicate_siblings(triton_backend, device) -> None:
     logits[0, [5, 33]] = 2.0  # a tie across vocabulary tiles: 5 wins
     logits[1, [7, 9]] = 1.0
     tree = DraftTree.from_parents([5, 5, 7], [-1, -1, 0])
-    verdict = KernelGreedy().verify(tree, logits.to(device))
+    verdict = Greedy(kernels="triton").verify(tree, logits.to(device))
     assert verdict == Greedy().verify(tree, logits)
     assert verdict.accepted == (0, 2)
     empty = DraftTree.empty()

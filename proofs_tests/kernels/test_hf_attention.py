@@ -7,13 +7,13 @@ import warnings
 
 import pytest
 import torch
+from verispec.kernels.verify import KernelGreedy, KernelRecursiveRejection
 
 from verispec import SpeculativeDecoder
 from verispec.core.tree import DraftTree
 from verispec.drafters import TokenRecycling
 from verispec.kernels import hf_attention
 from verispec.kernels.backend import use_backend
-from verispec.kernels.verify import KernelGreedy, KernelRecursiveRejection
 from verispec.models import HFModel, tiny_llama
 from verispec.verifiers import Greedy
 from verispec.verifiers.recursive import RecursiveRejection
