@@ -13,6 +13,11 @@ a cubin. ``ptxas -v``'s log gives registers and spills per kernel.
 So CI, with no GPU, compiles exactly what a GPU run would compile from the same
 wrapper code: a wrong type, an argument the kernel does not take, a Triton API that
 moved, or a float64 argument passed as float32 all fail here.
+
+Run it as ``python -m verispec.kernels.compile_check [--arch 90 --arch 80] [--json PATH]``.
+It must run in a process where ``TRITON_INTERPRET`` was not set when ``triton`` was
+imported: Triton then defines parts of ``triton.language`` itself (``tl.zeros``...) as
+interpreted functions, which cannot be compiled; the command line clears it first.
 :func:`specialization_key` is the key Triton caches compiled kernels under; equal
 keys for launches at different sequence lengths mean no recompile as a sequence grows.
 
@@ -21,11 +26,14 @@ Shape glossary: N tree nodes, S prefix, H heads, D head dim, V vocabulary.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import io
+import json
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
@@ -44,6 +52,7 @@ __all__ = [
     "compile_launch",
     "cuda_target",
     "jit_module",
+    "launch_signature",
     "record_launches",
     "scenarios",
     "specialization_key",
@@ -170,6 +179,16 @@ def _bind(launch: Launch, target: Any) -> tuple[Any, ...]:
     return compiler_backend, bound_args, specialization, options
 
 
+def launch_signature(launch: Launch, target: Any = None) -> dict[str, str]:
+    """The type Triton gives each argument of the launch (``"fp64"``, ``"*fp16"``, ``"constexpr"``).
+
+    What ``JITFunction.run`` would compile: a Python float is ``"fp32"`` unless the
+    kernel annotates it, an int ``"i32"`` or ``"i64"``, a tensor a typed pointer.
+    """
+    _, bound_args, specialization, _ = _bind(launch, target or cuda_target(ARCHS[0]))
+    return {name: spec[0] for name, spec in zip(bound_args, specialization, strict=True)}
+
+
 def specialization_key(launch: Launch, target: Any = None) -> str:
     """The key under which Triton caches the compiled kernel for this launch's arguments.
 
@@ -205,7 +224,7 @@ def compile_launch(launch: Launch, target: Any) -> tuple[Any, str]:
     # always compile (a cache hit has no ptxas log) and print ptxas -v's log
     knobs.nvidia.dump_ptxas_log = knobs.compilation.always_compile = True
     try:
-        with contextlib.redirect_stdout(log):
+        with contextlib.redirect_stdout(log), _interpreter_off():
             kernel = triton.compile(source, target=target, options=options.__dict__)
     finally:
         knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile = saved
@@ -251,22 +270,25 @@ def _greedy(dtype: torch.dtype) -> Callable[[], Any]:
     return call
 
 
-def _rejection() -> Any:
-    from verispec.core.tree import DraftTree, WithoutReplacement
-    from verispec.drafters.templates import resolve_template
-    from verispec.kernels import ops
+def _rejection(num_nodes: int = 80) -> Callable[[], Any]:
+    def call() -> Any:
+        from verispec.core.tree import DraftTree, WithoutReplacement
+        from verispec.drafters.templates import resolve_template
+        from verispec.kernels import ops
 
-    vocab = 49152
-    template = resolve_template("2.2.2", 8)
-    draft = torch.full((vocab,), 1 / vocab, dtype=torch.float64)
-    tree = DraftTree.from_parents(torch.arange(80), template.parents, WithoutReplacement(draft))
-    probs = torch.full((81, vocab), 1 / vocab, dtype=torch.float64)
-    codes, rows, drafts = ops.law_tensors(tree, vocab, probs.device)
-    tokens, child_ptr, child_idx = ops.tree_csr(tree, probs.device)
-    uniforms = torch.rand(81, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    return ops.rejection_verify_packed(
-        probs, drafts, rows, codes, tokens, child_ptr, child_idx, uniforms, kernels="triton"
-    )
+        vocab = 49152
+        parents = resolve_template("2.2.2", 8).parents[:num_nodes]
+        draft = torch.full((vocab,), 1 / vocab, dtype=torch.float64)
+        tree = DraftTree.from_parents(torch.arange(num_nodes), parents, WithoutReplacement(draft))
+        probs = torch.full((num_nodes + 1, vocab), 1 / vocab, dtype=torch.float64)
+        codes, rows, drafts = ops.law_tensors(tree, vocab, probs.device)
+        tokens, child_ptr, child_idx = ops.tree_csr(tree, probs.device)
+        uniforms = torch.full((num_nodes + 1,), 0.5, dtype=torch.float64)
+        return ops.rejection_verify_packed(
+            probs, drafts, rows, codes, tokens, child_ptr, child_idx, uniforms, kernels="triton"
+        )
+
+    return call
 
 
 def _token_recycling() -> Any:
@@ -311,7 +333,7 @@ def scenarios() -> dict[str, Callable[[], Any]]:
         "tree_attention[float16,split]": _attention(torch.float16, 64, 8, 1024, splits=4),
         "greedy_verify[float32]": _greedy(torch.float32),
         "greedy_verify[float64]": _greedy(torch.float64),
-        "rejection_verify[float64]": _rejection,
+        "rejection_verify[float64]": _rejection(80),
         "token_recycling[int32]": _token_recycling,
         "kv_compaction[float16]": _kv_compaction(torch.float16),
         "kv_compaction[bfloat16]": _kv_compaction(torch.bfloat16),
@@ -349,3 +371,43 @@ def compile_all(
                     )
                 )
     return reports
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Compile every scenario; print one line per compile; 1 if a kernel does not compile."""
+    parser = argparse.ArgumentParser(prog="python -m verispec.kernels.compile_check")
+    parser.add_argument("--arch", type=int, action="append", help="compute capability (90, 80)")
+    parser.add_argument("--json", metavar="PATH", help="write the reports as JSON")
+    parser.add_argument("--scenario", help="only the scenarios whose name contains this")
+    args = parser.parse_args(argv)
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+
+    start = time.perf_counter()
+    try:
+        calls = {k: v for k, v in scenarios().items() if (args.scenario or "") in k}
+        reports = compile_all(tuple(args.arch or ARCHS), calls)
+    except triton.CompilationError as exc:
+        print(f"compile_check: a kernel does not compile:\n{exc}", file=sys.stderr)
+        return 1
+    for r in reports:
+        spills = "-" if r.spill_stores is None else f"{r.spill_stores}/{r.spill_loads}"
+        print(
+            f"{r.scenario:32} {r.kernel:30} sm_{r.arch}  {'>'.join(r.stages):28} "
+            f"registers {r.registers}  spill stores/loads {spills}  {r.seconds:.1f} s"
+        )
+    total = time.perf_counter() - start
+    print(f"{len(reports)} compiles in {total:.1f} s (triton {triton.__version__})")
+    if args.json:
+        payload = {
+            "triton": triton.__version__,
+            "seconds": total,
+            "reports": [attrs.asdict(r) for r in reports],
+        }
+        with open(args.json, "w") as out:
+            json.dump(payload, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

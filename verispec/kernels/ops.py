@@ -125,7 +125,7 @@ def greedy_verify_packed(
             target_logits, best, vocab, *target_logits.stride(), BLOCK_V=block_v, ACC_DTYPE=acc
         )
         module.greedy_verify_kernel[(1,)](
-            best, tokens, child_ptr, child_idx, out, BLOCK_C=_pow2(max_children, 2)
+            best, tokens, child_ptr, child_idx, out, BLOCK_C=_pow2(max_children, 16)
         )
     return out
 
@@ -388,5 +388,5 @@ def _compact_on(
         with launch_device(device):
             module.kv_compaction_kernel[grid](
                 base, delta, source, start, source.numel(), d, *base.stride(),
-                BLOCK_N=_pow2(source.numel(), 2), BLOCK_D=block_d,
+                BLOCK_N=_pow2(source.numel(), 16), BLOCK_D=block_d,
             )  # fmt: skip

@@ -61,7 +61,11 @@ _VARYING = (
 )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=_VARYING)
+# The masks are slices of the model's (Q, S + Q) mask: their start moves with S.
+_MOVING = ("tmask_ptr", "pmask_ptr", "tstate_ptr", "pstate_ptr")
+
+
+@triton.jit(do_not_specialize=_VARYING, do_not_specialize_on_alignment=_MOVING)
 def tree_attention_kernel(
     q_ptr, kp_ptr, vp_ptr, kt_ptr, vt_ptr, o_ptr, acc_part_ptr, ml_part_ptr,
     tmask_ptr, pmask_ptr, tstate_ptr, pstate_ptr,
