@@ -87,3 +87,19 @@ def test_each_stage_reports_its_figures(dry_run) -> None:  # type: ignore[no-unt
     for body in runs.values():
         assert all(r["tokens_per_s"] > 0 for r in body["methods"].values())
     assert (out / "bench_float32_kernels_on.json").exists()
+
+
+def test_a_later_call_with_some_stages_keeps_the_others(dry_run) -> None:  # type: ignore[no-untyped-def]
+    """A second call into the same directory with ``--stages environment`` (a GPU session
+    split over several calls) rewrites that stage and keeps the other eight from before."""
+    _, out = dry_run
+    before = json.loads((out / "gpu_check.json").read_text())["stages"]
+    again = subprocess.run(
+        [str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--stages", "environment", str(out)],
+        cwd=ROOT, env={**os.environ, "VERISPEC_PYTHON": sys.executable}, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    after = json.loads((out / "gpu_check.json").read_text())["stages"]
+    assert [s["name"] for s in after] == STAGES
+    assert after[1:] == before[1:] and after[0]["seconds"] != before[0]["seconds"]
