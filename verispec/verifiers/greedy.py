@@ -35,6 +35,8 @@ class Greedy:
         KernelUnavailableError: ``kernels="triton"`` where Triton cannot run.
     """
 
+    kernels: str = "auto"  # also for subclasses that do not call __init__
+
     def __init__(self, kernels: str = "auto") -> None:
         self.kernels = require_triton(kernels)
 
