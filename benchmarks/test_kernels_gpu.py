@@ -105,7 +105,7 @@ def _greedy_case() -> tuple[DraftTree, torch.Tensor]:
     return tree, logits
 
 
-@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_greedy_verify(benchmark, impl: str) -> None:  # type: ignore[no-untyped-def]
     """Greedy verification of the 80-node "2.2.2" tree over V = 49,152 (packed verdict)."""
     tree, logits = _greedy_case()
@@ -116,7 +116,7 @@ def test_greedy_verify(benchmark, impl: str) -> None:  # type: ignore[no-untyped
 
 
 @pytest.mark.parametrize("law", ["deterministic", "without_replacement"])
-@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_rejection_verify(benchmark, impl: str, law: str) -> None:  # type: ignore[no-untyped-def]
     """Recursive rejection verification of the "2.2.2" tree over V = 49,152."""
     template = resolve_template("2.2.2", 8)
@@ -134,7 +134,7 @@ def test_rejection_verify(benchmark, impl: str, law: str) -> None:  # type: igno
         benchmark(_timed(lambda: ops.rejection_verify_packed(*args)))
 
 
-@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_token_recycling_expand_and_update(benchmark, impl: str) -> None:  # type: ignore[no-untyped-def]
     """One Token Recycling step's state work: expand "2.2.2" and update 81 rows (K = 8)."""
     template = resolve_template("2.2.2", 8)
@@ -151,7 +151,7 @@ def test_token_recycling_expand_and_update(benchmark, impl: str) -> None:  # typ
         benchmark(_timed(step))
 
 
-@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_kv_compaction(benchmark, impl: str) -> None:  # type: ignore[no-untyped-def]
     """Move 6 accepted entries into place in 30 layers x (keys, values), L = 4096, float16."""
     caches = [torch.randn(1, KV_HEADS, 4096, HEAD_DIM, device="cuda").half() for _ in range(60)]
@@ -165,27 +165,22 @@ def test_kv_compaction(benchmark, impl: str) -> None:  # type: ignore[no-untyped
 @pytest.mark.parametrize("kernels", ["on", "off"])
 def test_token_recycling_end_to_end(benchmark, kernels: str) -> None:  # type: ignore[no-untyped-def]
     """Tokens/s of Token Recycling ("2.2.2") on the embedded SmolLM2, 128 greedy tokens, CUDA,
-    float16: tree attention, KV compaction and greedy verification by the kernels (on) or by
-    sdpa and the PyTorch references (off). Prints tokens/s and mean accepted tokens."""
+    float16: tree attention, KV compaction, Token Recycling's updates and greedy verification
+    by the kernels (on) or by sdpa and the PyTorch paths (off). Prints tokens/s and mean
+    accepted tokens."""
     from verispec import SpeculativeDecoder
     from verispec.drafters import TokenRecycling
-    from verispec.kernels.verify import KernelGreedy
     from verispec.models import HFModel
     from verispec.models.default import load_default_model
-    from verispec.verifiers import Greedy
 
     model, tokenizer = load_default_model(dtype=torch.float16, device="cuda")
     prompt = tokenizer.encode("Write a short story about a lighthouse keeper and a storm.")
     if kernels == "on":
-        target, verifier, mode = (
-            HFModel(model.hf_model, attention="verispec"),
-            KernelGreedy(),
-            "auto",
-        )
+        target, mode = HFModel(model.hf_model, attention="verispec"), "triton"
     else:
-        target, verifier, mode = model, Greedy(), "reference"
-    drafter = TokenRecycling("2.2.2")
-    decoder = SpeculativeDecoder(target, drafter, verifier, tokenizer=tokenizer)
+        target, mode = model, "torch"
+    drafter = TokenRecycling("2.2.2", kernels=mode)
+    decoder = SpeculativeDecoder(target, drafter, tokenizer=tokenizer, kernels=mode)
     with use_backend(mode):
         decoder.generate(prompt, max_new_tokens=32)  # warm-up and a hot adjacency matrix
         result = benchmark.pedantic(

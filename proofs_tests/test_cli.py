@@ -75,12 +75,22 @@ def test_methods_lists_every_registered_method(capsys: pytest.CaptureFixture[str
         (["bench", "--json", "no/such/dir/out.json"], "does not exist"),
         (["generate", "--method", "ar,hf", "--prompt", "x"], "takes one method spec"),
         (["generate", "--method", "tr", "--prompt", "  "], "`--prompt` must not be empty"),
+        (["bench", "--device", "cpu", "--kernels", "triton"], "`--kernels triton` needs"),
+        (
+            ["generate", "--prompt", "x", "--device", "cpu", "--kernels", "triton"],
+            "TRITON_INTERPRET",
+        ),
     ],
 )
 def test_usage_errors_exit_2_before_loading_the_model(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Bad input prints one clear error line and exits with status 2."""
+    """Bad input prints one clear error line and exits with status 2 (``--kernels triton`` on
+    the CPU with Triton's interpreter off included)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err

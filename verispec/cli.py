@@ -92,6 +92,30 @@ def _model_options(parser: argparse.ArgumentParser, threads: int | None = None) 
     )
 
 
+def _kernel_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kernels",
+        choices=("auto", "triton", "torch"),
+        default="auto",
+        help="implementation of tree attention, verification, Token Recycling's updates and "
+        "KV compaction: auto = the Triton kernels on CUDA, PyTorch elsewhere (default); "
+        "triton = always the kernels (needs CUDA); torch = always PyTorch",
+    )
+
+
+def _kernel_scope(args: argparse.Namespace) -> Any:
+    """``use_backend(args.kernels)``, after checking the kernels can run on ``--device``."""
+    import torch
+
+    from verispec.kernels.backend import require_triton, use_backend
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    require_triton(args.kernels, "--kernels triton", device)
+    return use_backend(args.kernels)
+
+
 def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
     group = parser.add_argument_group("generation")
     group.add_argument(
@@ -175,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     _generation_options(bench, 128)
     _model_options(bench, threads=DEFAULT_BENCH_THREADS)
+    _kernel_option(bench)
 
     generate = commands.add_parser(
         "generate",
@@ -186,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--prompt", required=True, help="the user prompt")
     _generation_options(generate, 128)
     _model_options(generate)
+    _kernel_option(generate)
 
     report = commands.add_parser(
         "report",
@@ -381,6 +407,7 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         chat=args.chat,
     )
     outputs = _check_outputs(args)
+    kernels = _kernel_scope(args)
 
     # 2. load and run
     model, tokenizer = _load(args)
@@ -393,10 +420,11 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         f"{str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} thread(s)",
         file=sys.stderr,
     )
-    runners = build_runners(context, specs)
-    run = run_bench(
-        context, specs, questions, config, progress=not args.no_progress, runners=runners
-    )
+    with kernels:
+        runners = build_runners(context, specs)
+        run = run_bench(
+            context, specs, questions, config, progress=not args.no_progress, runners=runners
+        )
 
     # 3. report, then write the files (only now that the run succeeded)
     report = summarise(run)
@@ -472,11 +500,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from verispec.bench.runner import check_available
 
     check_available(specs)
+    kernels = _kernel_scope(args)
     model, tokenizer = _load(args)
     context = make_context(model, tokenizer)
-    runner = build_runners(context, specs)[specs[0].label]
     ids = build_prompt_ids(tokenizer, [{"role": "user", "content": args.prompt}], chat=args.chat)
-    result = runner.run(ids, config.generation(context.eos_token_ids))
+    with kernels:
+        runner = build_runners(context, specs)[specs[0].label]
+        result = runner.run(ids, config.generation(context.eos_token_ids))
     print(result.text)
     print()
     print(_generate_stats(specs[0].label, result, len(ids)))

@@ -170,3 +170,37 @@ def test_tokenizer_larger_than_model_vocabulary_is_rejected() -> None:
 
     with pytest.raises(IncompatibleModelsError, match="100 tokens"):
         SpeculativeDecoder(CountingModel(), tokenizer=BigTokenizer())
+
+
+def test_kernels_choice_reaches_the_default_verifiers() -> None:
+    """``kernels=`` given to the decoder reaches the verifier the default policy builds at
+    each temperature, and a bad value is refused when the decoder is built."""
+    for kernels in ("torch", "auto"):
+        decoder = SpeculativeDecoder(CountingModel(), kernels=kernels)
+        for temperature in (0.0, 0.7):
+            verifier = decoder.verifier_for(GenerationConfig(temperature=temperature).sampling)
+            assert verifier.kernels == kernels  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="`kernels` must be one of"):
+        SpeculativeDecoder(CountingModel(), kernels="fast")
+
+
+class _OnCuda(CountingModel):
+    """The counting model claiming to live on a CUDA device."""
+
+    device = torch.device("cuda", 0)
+
+
+def test_clocks_synchronise_a_cuda_target_and_never_a_cpu_one(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every clock read of a generation on a CUDA target synchronises that device first (the
+    prefill's two, five per step, the total's one), so kernel time lands in the phase that
+    launched it; a CPU target (no ``device``, or a CPU one) is never synchronised."""
+    synced: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    result = SpeculativeDecoder(_OnCuda(), OracleDrafter(7, 2)).generate([1, 2], max_new_tokens=9)
+    assert synced == [torch.device("cuda", 0)] * (2 + 5 * result.num_steps + 1)
+    synced.clear()
+    cpu_model = CountingModel()
+    cpu_model.device = torch.device("cpu")  # type: ignore[attr-defined]
+    for model in (CountingModel(), cpu_model):
+        SpeculativeDecoder(model, OracleDrafter(7, 2)).generate([1, 2], max_new_tokens=9)
+    assert synced == []

@@ -7,7 +7,6 @@ import torch
 
 from verispec.core.tree import DraftTree
 from verispec.kernels import ops, reference
-from verispec.kernels.verify import KernelGreedy
 from verispec.verifiers import Greedy
 
 
@@ -49,10 +48,32 @@ def test_ties_empty_tree_and_duplicate_siblings(triton_backend, device) -> None:
     logits[0, [5, 33]] = 2.0  # a tie across vocabulary tiles: 5 wins
     logits[1, [7, 9]] = 1.0
     tree = DraftTree.from_parents([5, 5, 7], [-1, -1, 0])
-    verdict = KernelGreedy().verify(tree, logits.to(device))
+    verdict = Greedy(kernels="triton").verify(tree, logits.to(device))
     assert verdict == Greedy().verify(tree, logits)
     assert verdict.accepted == (0, 2)
     empty = DraftTree.empty()
     assert ops.greedy_verify(empty, logits[:1].to(device)).extra_token == 5
     minus_inf = torch.full((1, 20), float("-inf"))
     assert ops.greedy_verify(empty, minus_inf.to(device)).extra_token == 0
+
+
+def test_greedy_routes_to_the_kernels(triton_backend, device, make_parents, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``Greedy(kernels="triton")`` runs the greedy kernels (a spy sees the launch) and gives
+    ``Greedy(kernels="torch")``'s verdict on 6 random trees of up to 30 nodes."""
+    launched: list[str] = []
+    real = ops.kernel_module
+
+    def spy(name: str):  # type: ignore[no-untyped-def]
+        launched.append(name)
+        return real(name)
+
+    monkeypatch.setattr(ops, "kernel_module", spy)
+    g = torch.Generator().manual_seed(12)
+    for _ in range(6):
+        n = int(torch.randint(1, 30, (), generator=g))
+        logits = torch.randn(n + 1, 200, generator=g)
+        tree = _greedy_friendly_tree(logits, make_parents(n, g), g)
+        launched.clear()
+        verdict = Greedy(kernels="triton").verify(tree, logits.to(device))
+        assert launched == ["greedy_verify"]
+        assert verdict == Greedy(kernels="torch").verify(tree, logits)

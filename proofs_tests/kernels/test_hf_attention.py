@@ -13,7 +13,6 @@ from verispec.core.tree import DraftTree
 from verispec.drafters import TokenRecycling
 from verispec.kernels import hf_attention
 from verispec.kernels.backend import use_backend
-from verispec.kernels.verify import KernelGreedy, KernelRecursiveRejection
 from verispec.models import HFModel, tiny_llama
 from verispec.verifiers import Greedy
 from verispec.verifiers.recursive import RecursiveRejection
@@ -83,14 +82,15 @@ def _can_force() -> bool:
 
 def test_greedy_decoding_with_kernels_is_token_identical(triton_backend, device) -> None:
     """Token Recycling ("16" template) on a float64 tiny Llama, 16 new tokens at temperature
-    0: the Triton tree attention, KV compaction and greedy kernel produce exactly the tokens
-    of sdpa + the PyTorch references + ``Greedy``."""
+    0: the Triton tree attention, KV compaction, Token Recycling and greedy kernels produce
+    exactly the tokens of sdpa + the PyTorch paths."""
     reference, kernel_model = _pair(torch.float64, device)
-    with use_backend("reference"):
+    with use_backend("torch"):
         expected = SpeculativeDecoder(reference, TokenRecycling("16"), Greedy()).generate(
             PROMPT, max_new_tokens=16
         )
-    got = SpeculativeDecoder(kernel_model, TokenRecycling("16"), KernelGreedy()).generate(
+    drafter = TokenRecycling("16", kernels="triton")
+    got = SpeculativeDecoder(kernel_model, drafter, Greedy(kernels="triton")).generate(
         PROMPT, max_new_tokens=16
     )
     assert got.tokens == expected.tokens
@@ -101,12 +101,12 @@ def test_sampled_decoding_with_kernels_is_token_identical(triton_backend, device
     """At temperature 0.8 with the same seed, the rejection kernel (fixed point) and the
     kernels' attention produce the tokens of sdpa + ``RecursiveRejection(float64)``."""
     reference, kernel_model = _pair(torch.float64, device)
-    with use_backend("reference"):
+    with use_backend("torch"):
         expected = SpeculativeDecoder(
             reference, TokenRecycling("8"), RecursiveRejection(torch.float64)
         ).generate(PROMPT, max_new_tokens=10, temperature=0.8, seed=3)
     got = SpeculativeDecoder(
-        kernel_model, TokenRecycling("8"), KernelRecursiveRejection()
+        kernel_model, TokenRecycling("8"), RecursiveRejection(kernels="triton")
     ).generate(PROMPT, max_new_tokens=10, temperature=0.8, seed=3)
     assert got.tokens == expected.tokens
 
@@ -119,15 +119,38 @@ def test_smollm2_greedy_generation_with_kernels_is_token_identical(triton_backen
 
     model, tokenizer = load_default_model(device=device)
     prompt = tokenizer.encode("The capital of France is")
-    with use_backend("reference"):
+    with use_backend("torch"):
         expected = SpeculativeDecoder(model, TokenRecycling("8"), Greedy()).generate(
             prompt, max_new_tokens=4
         )
     kernel_model = HFModel(model.hf_model, attention="verispec")
     try:
-        got = SpeculativeDecoder(kernel_model, TokenRecycling("8"), KernelGreedy()).generate(
+        got = SpeculativeDecoder(kernel_model, TokenRecycling("8"), kernels="triton").generate(
             prompt, max_new_tokens=4
         )
     finally:
         model.hf_model.set_attn_implementation("sdpa")
     assert got.tokens == expected.tokens
+
+
+def test_a_causal_pass_builds_no_square_mask() -> None:
+    """A prefill (no mask, causal) of 4096 queries gets no (Q, Q) tree mask and no tile
+    table from the adapter: the kernel compares positions itself (building one would hold
+    16 M booleans plus a 64 M-byte padded table)."""
+    tree_mask, prefix_mask, states, _, _ = hf_attention._tables(
+        None, True, 4096, 4096, 64, torch.float16, torch.device("cpu")
+    )
+    assert tree_mask is None and prefix_mask is None and states == (None, None)
+
+
+def test_tree_attention_is_switched_on_only_where_triton_runs(triton_backend, device) -> None:  # type: ignore[no-untyped-def]
+    """``tree_attention_where_supported`` leaves a model's attention alone where the switch
+    picks PyTorch (the CPU by default) and, where it picks Triton (forced here), runs the
+    block with the "verispec" attention and restores the previous one after."""
+    model = tiny_llama(dtype=torch.float32, device=device, seed=2).hf_model
+    before = model.config._attn_implementation
+    with use_backend("torch"), hf_attention.tree_attention_where_supported(model) as switched:
+        assert not switched and model.config._attn_implementation == before
+    with hf_attention.tree_attention_where_supported(model, kernels="triton") as switched:
+        assert switched and model.config._attn_implementation == "verispec"
+    assert model.config._attn_implementation == before

@@ -52,3 +52,18 @@ def test_out_of_range_destination_is_refused() -> None:
     """Moving more entries than fit after ``start`` raises TreeStructureError."""
     with pytest.raises(TreeStructureError, match="L >= start"):
         ops.compact_kv([torch.zeros(1, 1, 5, 4)], 4, torch.tensor([0, 1]))
+
+
+def test_caches_on_several_devices_are_compacted_where_they_live() -> None:
+    """Caches split over devices (a model under ``device_map``: here the CPU and the meta
+    device) are each compacted on their own device with the source copied there, instead
+    of being refused; the CPU caches equal the reference."""
+    g = torch.Generator().manual_seed(3)
+    on_cpu = [torch.randn(1, 2, 20, 8, generator=g) for _ in range(2)]
+    on_meta = [torch.empty(1, 2, 20, 8, device="meta") for _ in range(2)]
+    expected = [c.clone() for c in on_cpu]
+    source = torch.tensor([9, 11, 10])
+    reference.compact_kv(expected, 5, source)
+    ops.compact_kv([on_cpu[0], on_meta[0], on_cpu[1], on_meta[1]], 5, source)
+    for got, want in zip(on_cpu, expected, strict=True):
+        assert torch.equal(got, want)

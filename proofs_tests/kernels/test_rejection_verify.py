@@ -11,7 +11,6 @@ from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DETERMINISTIC, IID, DraftTree, WithoutReplacement
 from verispec.kernels import ops, reference
 from verispec.kernels.reference import IID_CODE, WITHOUT_REPLACEMENT_CODE
-from verispec.kernels.verify import KernelRecursiveRejection
 from verispec.verifiers.recursive import RecursiveRejection
 
 LAWS = ("deterministic", "iid", "without_replacement", "mixed")
@@ -60,10 +59,7 @@ def test_kernel_equals_reference_draw_for_draw(triton_backend, device, make_pare
 
 
 def _reference(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor):  # type: ignore[no-untyped-def]
-    from verispec.kernels.backend import use_backend
-
-    with use_backend("reference"):
-        return ops.rejection_verify(tree, probs, uniforms)
+    return ops.rejection_verify(tree, probs, uniforms, kernels="torch")
 
 
 def test_kernel_equals_reference_when_the_residual_runs_out(triton_backend, device) -> None:
@@ -83,12 +79,18 @@ def test_kernel_equals_reference_when_the_residual_runs_out(triton_backend, devi
         assert ops.rejection_verify(tree, target.to(device), uniforms) == expected
 
 
+def _coins(n: int, seed: int) -> torch.Tensor:
+    """RecursiveRejection's coins for one verdict: one row of N + 1 uniforms."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(1, n + 1, generator=g, dtype=torch.float64)[0]
+
+
 @pytest.mark.parametrize("kind", LAWS)
 def test_reference_makes_recursive_rejections_decisions(make_parents, kind) -> None:  # type: ignore[no-untyped-def]
-    """With the same generator seed, over 60 random trees of up to 10 nodes (V = 7 and 50,
-    temperature 0.7 with top-k 20), the reference path's verdicts equal
-    ``RecursiveRejection(float64)``'s: same coins, same rule (the fixed point moves a
-    threshold by about 1e-15, which no coin here lands on)."""
+    """With the coins ``RecursiveRejection`` draws from a seed, over 60 random trees of up to
+    10 nodes (V = 7 and 50, temperature 0.7 with top-k 20), the fixed-point reference's
+    verdicts equal ``RecursiveRejection(float64)``'s: same coins, same rule (the fixed point
+    moves a threshold by about 1e-15, which no coin here lands on)."""
     g = torch.Generator().manual_seed(100 + LAWS.index(kind))
     sampling = SamplingParams(temperature=0.7, top_k=20)
     for trial in range(60):
@@ -97,16 +99,45 @@ def test_reference_makes_recursive_rejections_decisions(make_parents, kind) -> N
         tree, _ = _random_case(kind, n, vocab, g, make_parents(n, g, chain_bias=0.5))
         logits = 3 * torch.randn(n + 1, vocab, generator=g, dtype=torch.float64)
         seed = int(torch.randint(0, 2**31, (), generator=g))
-        from verispec.kernels.backend import use_backend
-
-        with use_backend("reference"):
-            mine = KernelRecursiveRejection().verify(
-                tree, logits, sampling, torch.Generator().manual_seed(seed)
-            )
-        theirs = RecursiveRejection(torch.float64).verify(
+        probs = sampling.probs(logits, torch.float64)
+        mine = ops.rejection_verify(tree, probs, _coins(n, seed), kernels="torch")
+        theirs = RecursiveRejection(torch.float64, kernels="torch").verify(
             tree, logits, sampling, torch.Generator().manual_seed(seed)
         )
         assert mine == theirs
+
+
+@pytest.mark.parametrize("kind", LAWS)
+def test_verifier_routes_to_the_kernel(triton_backend, device, make_parents, kind) -> None:  # type: ignore[no-untyped-def]
+    """``RecursiveRejection(float64, kernels="triton")`` runs the kernel (a spy sees the
+    launch) and, over 20 random trees of up to 10 nodes (V = 50, temperature 0.9), gives
+    the verdicts of ``kernels="torch"`` from the same seeds."""
+    launched = []
+    real = ops.kernel_module
+
+    def spy(name: str):  # type: ignore[no-untyped-def]
+        launched.append(name)
+        return real(name)
+
+    g = torch.Generator().manual_seed(200 + LAWS.index(kind))
+    sampling = SamplingParams(temperature=0.9)
+    kernel_rule = RecursiveRejection(torch.float64, kernels="triton")
+    torch_rule = RecursiveRejection(torch.float64, kernels="torch")
+    for _ in range(20):
+        n = int(torch.randint(1, 10, (), generator=g))
+        tree, _ = _random_case(kind, n, 50, g, make_parents(n, g, chain_bias=0.5))
+        logits = 3 * torch.randn(n + 1, 50, generator=g, dtype=torch.float64)
+        seed = int(torch.randint(0, 2**31, (), generator=g))
+        launched.clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ops, "kernel_module", spy)
+            mine = kernel_rule.verify(tree, logits.to(device), sampling, _seeded(seed))
+        assert launched == ["rejection_verify"]
+        assert mine == torch_rule.verify(tree, logits, sampling, _seeded(seed))
+
+
+def _seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
 
 
 @pytest.mark.parametrize("kind", ["iid", "without_replacement", "deterministic"])

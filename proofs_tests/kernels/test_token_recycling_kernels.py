@@ -53,3 +53,48 @@ def test_update_equals_the_drafters_last_writer_wins(triton_backend, device, k) 
     assert torch.equal(on_device.cpu(), expected)
     last = int((rows == rows[0]).nonzero()[-1])
     assert torch.equal(on_device[rows[0]].cpu(), topk[last].to(torch.int32))
+
+
+def test_the_drafter_routes_through_the_switch(triton_backend, device, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``TokenRecycling(kernels="triton")`` expands and updates with the kernels (a spy sees
+    both launch each step) and, over 8 steps fed the same random logits and verdicts as a
+    ``kernels="torch"`` drafter, proposes the same trees and keeps the same matrix."""
+    from verispec.core.sampling import SamplingParams
+    from verispec.core.types import DecodeState, StepOutcome
+    from verispec.drafters import TokenRecycling
+    from verispec.verifiers import Greedy
+
+    launched: list[str] = []
+    real = ops.kernel_module
+
+    def spy(name: str):  # type: ignore[no-untyped-def]
+        launched.append(name)
+        return real(name)
+
+    monkeypatch.setattr(ops, "kernel_module", spy)
+    vocab, g = 40, torch.Generator().manual_seed(11)
+    kernel_drafter = TokenRecycling("16", kernels="triton")
+    torch_drafter = TokenRecycling("16", kernels="torch")
+    tokens, proposed = [3, 7], 0
+    for step in range(8):
+        states = [
+            DecodeState(list(tokens), 2, SamplingParams(), torch.Generator()) for _ in range(2)
+        ]
+        launched.clear()
+        trees = [d.propose(s) for d, s in zip((kernel_drafter, torch_drafter), states, strict=True)]
+        assert torch.equal(trees[0].tokens, trees[1].tokens)
+        assert torch.equal(trees[0].parents, trees[1].parents)
+        proposed += trees[0].num_nodes
+        logits = torch.randn(trees[0].num_nodes + 1, vocab, generator=g)
+        logits[:, step % 3] += 4.0  # the roots cycle over 3 tokens, so their rows get known
+        verdict = Greedy(kernels="torch").verify(trees[1], logits)
+        tokens.extend(verdict.committed_tokens(trees[1]))
+        for drafter, tree, state in zip(
+            (kernel_drafter, torch_drafter), trees, states, strict=True
+        ):
+            state.tokens.extend(verdict.committed_tokens(tree))
+            on = logits.to(device) if drafter is kernel_drafter else logits
+            drafter.observe(StepOutcome(tree, on, verdict, state))
+        assert launched == (["token_recycling"] if step else []) + ["token_recycling"]
+        assert torch.equal(kernel_drafter.adjacency.cpu(), torch_drafter.adjacency)
+    assert proposed > 0  # the trees were not all empty

@@ -33,8 +33,8 @@ def _inputs(heads, kv_heads, n, s, d, dtype, device, seed, batch=1):  # type: ig
     )
 
 
-def _check(q, kp, vp, kt, vt, tmask, pmask=None, **blocks):  # type: ignore[no-untyped-def]
-    out = ops.tree_attention(q, kp, vp, kt, vt, tmask, prefix_mask=pmask, **blocks)
+def _check(q, kp, vp, kt, vt, tmask, pmask=None, **options):  # type: ignore[no-untyped-def]
+    out = ops.tree_attention(q, kp, vp, kt, vt, tmask, prefix_mask=pmask, **options)
     f64 = [t.double() if t.dim() == 4 else t.double()[None] for t in (q, kp, vp, kt, vt)]
     tm = tmask if tmask.dim() == 3 else tmask[None]
     pm = None if pmask is None else (pmask if pmask.dim() == 3 else pmask[None])
@@ -134,3 +134,81 @@ def test_bad_shapes_are_refused() -> None:
         ops.tree_attention(q, kp, vp, kt, vt, mask.float())
     with pytest.raises(TreeStructureError, match="tree_mask"):
         ops.tree_attention(q, kp, vp, kt, vt, mask[:3, :3])
+
+
+@pytest.mark.parametrize("head_dim", [96, 128])
+def test_float64_at_head_dims_whose_scale_is_not_a_float32(
+    triton_backend, device, make_parents, head_dim
+) -> None:  # type: ignore[no-untyped-def]
+    """At D = 96 and 128 (scales 96 ** -0.5 and 128 ** -0.5 are not float32 numbers) the
+    float64 kernel equals the float64 reference within 1e-12 on a 21-node tree over a
+    33-token prefix with a prefix mask."""
+    g = torch.Generator().manual_seed(head_dim)
+    n, s = 21, 33
+    tmask = _tree_mask(make_parents(n, g), device)
+    pmask = (torch.rand(n, s, generator=g) < 0.8).to(device)
+    inputs = _inputs(3, 1, n, s, head_dim, torch.float64, device, seed=head_dim)
+    _check(*[4 * t for t in inputs], tmask, pmask)  # larger scores: a wrong scale shows more
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+@pytest.mark.parametrize("splits", [2, 3, 5])
+def test_split_over_the_prefix_equals_the_reference(
+    triton_backend, device, make_parents, dtype, splits
+) -> None:  # type: ignore[no-untyped-def]
+    """Splitting a 70-token prefix over 2, 3 or 5 programs (16-key tiles; the last split
+    shorter) and merging the partial softmaxes gives the
+    reference within the dtype's tolerance; a query that sees no prefix key in some splits
+    and one that sees no key at all (zeros) included."""
+    g = torch.Generator().manual_seed(splits)
+    n, s = 19, 70
+    tmask = _tree_mask(make_parents(n, g), device)
+    pmask = torch.rand(n, s, generator=g) < 0.6
+    pmask[2, :40] = False  # sees only the later splits' keys
+    pmask[5] = False
+    tmask[5] = False  # sees nothing at all
+    pmask = pmask.to(device)
+    inputs = _inputs(4, 2, n, s, 64, dtype, device, seed=splits)
+    _check(*inputs, tmask, pmask, block_m=16, block_n=16, num_splits=splits)
+    out = ops.tree_attention(*inputs, tmask, prefix_mask=pmask, num_splits=splits)
+    assert torch.all(out[..., 5, :] == 0)
+
+
+@pytest.mark.parametrize("s", [0, 23])
+@pytest.mark.parametrize("n", [1, 16, 45])
+def test_causal_without_a_mask_equals_the_lower_triangle(triton_backend, device, n, s) -> None:  # type: ignore[no-untyped-def]
+    """``tree_mask=None`` (a prefill: query i sees tree keys 0..i, computed in the kernel)
+    equals the reference with the lower-triangular mask, for 1, 16 and 45 queries with and
+    without a prefix, float32 and float64."""
+    tril = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    for dtype in (torch.float32, torch.float64):
+        q, kp, vp, kt, vt = _inputs(2, 1, n, s, 64, dtype, device, seed=n + s)
+        out = ops.tree_attention(q, kp, vp, kt, vt, None, block_m=16, block_n=16)
+        expected = ops.tree_attention(q, kp, vp, kt, vt, tril, kernels="torch")
+        assert (out.double() - expected.double()).abs().max().item() <= TOLERANCE[dtype]
+
+
+def test_prefix_splits_rule(monkeypatch) -> None:
+    """The default split count is 1 on the CPU and for prefixes under 512 keys; on a GPU with
+    132 multiprocessors it gives a 9-program grid enough splits for about two programs per
+    multiprocessor (30) when the prefix allows (at least 256 keys each: 16 at S = 4096),
+    and a grid that already fills the GPU (300 programs) none."""
+    from verispec.kernels import _attention_host as host
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(host, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(host, "interpreting", lambda: False)
+    assert host.prefix_splits(9, 4096, 64, torch.device("cpu")) == 1
+    assert host.prefix_splits(9, 511, 64, cuda) == 1
+    assert host.prefix_splits(9, 4096, 64, cuda) == 16
+    assert host.prefix_splits(9, 100_000, 64, cuda) == 30
+    assert host.prefix_splits(300, 100_000, 64, cuda) == 1
+
+
+def test_bad_split_count_is_refused() -> None:
+    """``num_splits=0`` raises ConfigError naming the argument."""
+    from verispec.errors import ConfigError
+
+    q, kp, vp, kt, vt = _inputs(2, 1, 3, 5, 8, torch.float32, "cpu", seed=9)
+    with pytest.raises(ConfigError, match="`num_splits`"):
+        ops.tree_attention(q, kp, vp, kt, vt, None, num_splits=0)

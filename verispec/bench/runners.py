@@ -181,7 +181,13 @@ def _decode(tokenizer: Any, tokens: Sequence[int]) -> str:
 
 
 class EngineRunner:
-    """verispec's decoder with one drafter (``None``: autoregressive)."""
+    """verispec's decoder with one drafter (``None``: autoregressive).
+
+    When the target is the Hugging Face adapter and its device gets the Triton kernels
+    (CUDA, by default), its generations run with the Triton tree attention
+    (:func:`verispec.kernels.hf_attention.tree_attention_where_supported`); the ``hf``
+    peers keep the model's own attention.
+    """
 
     def __init__(self, context: BenchContext, drafter: Drafter | None) -> None:
         self.context = context
@@ -197,9 +203,15 @@ class EngineRunner:
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
         if config.eos_token_ids is None and self.context.eos_token_ids:
             config = attrs.evolve(config, eos_token_ids=self.context.eos_token_ids)
-        result, seconds, peak = measure_call(
-            self.context.device, lambda: self.decoder.generate(list(prompt_ids), config)
-        )
+        attention: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if type(self.context.target).__name__ == "HFModel" and self.context.hf_model is not None:
+            from verispec.kernels.hf_attention import tree_attention_where_supported
+
+            attention = tree_attention_where_supported(self.context.hf_model)
+        with attention:
+            result, seconds, peak = measure_call(
+                self.context.device, lambda: self.decoder.generate(list(prompt_ids), config)
+            )
         split = result.time_split()
         return TurnResult(
             tokens=result.tokens,

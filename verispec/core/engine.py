@@ -59,7 +59,12 @@ def set_default_verifier_policy(policy: VerifierPolicy) -> None:
 
 @attrs.frozen
 class StepStats:
-    """Per-step figures. Times are wall-clock seconds."""
+    """Per-step figures. Times are wall-clock seconds.
+
+    On a CUDA target the clock is read after synchronising the target's device, so
+    kernel time is charged to the phase that launched it (not to the next phase's
+    first host sync); on the CPU no synchronisation happens.
+    """
 
     tree_size: int
     accepted: int  # draft tokens accepted (the extra token not counted)
@@ -154,6 +159,23 @@ class Autoregressive:
 _EMPTY_TREE = DraftTree.empty()
 
 
+def _clock_for(device: Any) -> Callable[[], float]:
+    """``time.perf_counter``, after synchronising ``device`` when it is a CUDA device.
+
+    CUDA kernels run after their launch returns: without the synchronisation a phase's
+    clock stops before its kernels ran, and the next phase that syncs pays for them.
+    """
+    if device is None or torch.device(device).type != "cuda":
+        return time.perf_counter
+    cuda = torch.device(device)
+
+    def clock() -> float:
+        torch.cuda.synchronize(cuda)
+        return time.perf_counter()
+
+    return clock
+
+
 class SpeculativeDecoder:
     """Lossless speculative decoding of one sequence at a time.
 
@@ -165,6 +187,8 @@ class SpeculativeDecoder:
             recursive rejection sampling otherwise).
         tokenizer: a Hugging Face tokenizer, to accept string prompts, decode text,
             apply stop strings and find the end-of-sequence token.
+        kernels: ``"auto"``, ``"triton"`` or ``"torch"``, given to the default policy's
+            verifier (``verispec.kernels.backend``); a ``verifier`` passed in keeps its own.
     """
 
     def __init__(
@@ -173,6 +197,8 @@ class SpeculativeDecoder:
         drafter: Drafter | None = None,
         verifier: Verifier | VerifierPolicy | None = None,
         tokenizer: Any = None,
+        *,
+        kernels: str = "auto",
     ) -> None:
         self.target = target
         self.drafter: Drafter = drafter if drafter is not None else Autoregressive()
@@ -190,8 +216,17 @@ class SpeculativeDecoder:
                     "`verifier` must be given when verispec's default policy is not installed; "
                     "import verispec (not only verispec.core) or pass one."
                 )
-            verifier = _default_policy
+            policy = _default_policy
+            if kernels != "auto":
+
+                def verifier(sampling: SamplingParams) -> Verifier:
+                    return policy(sampling, kernels=kernels)  # type: ignore[call-arg]
+
+                verifier(SamplingParams())  # checks `kernels` now, not at the first step
+            else:
+                verifier = policy
         self._verifier = verifier
+        self._clock = _clock_for(getattr(target, "device", None))
         self.tokenizer = tokenizer
         if tokenizer is not None:
             tokenizer_vocab = len(tokenizer)
@@ -263,7 +298,8 @@ class SpeculativeDecoder:
         eos_ids = self._eos_ids(config)
         generator = torch.Generator(device="cpu").manual_seed(config.seed)
 
-        start = time.perf_counter()
+        clock = self._clock
+        start = clock()
         self.target.prefill(torch.tensor(ids, dtype=torch.long))
         state = DecodeState(
             tokens=list(ids),
@@ -272,7 +308,7 @@ class SpeculativeDecoder:
             generator=generator,
         )
         self.drafter.begin(state)
-        prefill_s = time.perf_counter() - start
+        prefill_s = clock() - start
 
         new_tokens: list[int] = []
         steps: list[StepStats] = []
@@ -284,17 +320,17 @@ class SpeculativeDecoder:
                 break
             state.max_nodes = room
             # 1. propose
-            t0 = time.perf_counter()
+            t0 = clock()
             tree = self.drafter.propose(state)
             if tree.num_nodes > room:
                 tree = tree.truncated(room)
-            t1 = time.perf_counter()
+            t1 = clock()
             # 2. score the tree
             target_logits = self.target.forward_tree(tree)  # (N + 1, V)
-            t2 = time.perf_counter()
+            t2 = clock()
             # 3. verify
             verdict: Verdict = verifier.verify(tree, target_logits, sampling, generator)
-            t3 = time.perf_counter()
+            t3 = clock()
             # 4. commit
             self.target.commit(verdict.accepted, verdict.extra_token)
             committed = verdict.committed_tokens(tree)
@@ -302,7 +338,7 @@ class SpeculativeDecoder:
             state.step += 1
             # 5. let the drafter learn
             self.drafter.observe(StepOutcome(tree, target_logits, verdict, state))
-            t4 = time.perf_counter()
+            t4 = clock()
             steps.append(
                 StepStats(
                     tree_size=tree.num_nodes,
@@ -328,7 +364,7 @@ class SpeculativeDecoder:
             prompt_length=len(ids),
             steps=steps,
             prefill_s=prefill_s,
-            total_s=time.perf_counter() - start,
+            total_s=clock() - start,
             finish_reason=finish,
         )
 

@@ -33,6 +33,13 @@ Choices where the paper leaves room (each marked "not in the paper" in the code)
 * **Persistence.** ``M`` persists across ``generate`` calls of one drafter instance,
   the paper's "hot start"; :meth:`TokenRecycling.reset` clears it.
 
+Kernels. The expansion and the update each have a Triton kernel
+(:func:`verispec.kernels.ops.expand_template`, :func:`~verispec.kernels.ops.update_adjacency`);
+``kernels`` picks (:mod:`verispec.kernels.backend`). With the kernels (by default when
+the target's logits are on CUDA) ``M`` lives on the logits' device, is updated there
+without a host sync, and the expanded tokens come to the host once per step to build the
+tree; otherwise ``M`` lives on the CPU and the PyTorch functions below run.
+
 Shape glossary: N tree nodes, V vocabulary, K candidates per token.
 """
 
@@ -47,6 +54,8 @@ from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
 from verispec.drafters.templates import TemplateSpec, TreeTemplate, resolve_template
 from verispec.errors import ConfigError, IncompatibleModelsError
+from verispec.kernels import ops
+from verispec.kernels.backend import backend_for, require_triton
 
 __all__ = [
     "TokenRecycling",
@@ -175,10 +184,13 @@ class TokenRecycling:
             ``False`` reads them as token 0 like the published code.
         vocab_size: allocate the matrix now; otherwise it is allocated at the first
             observed step from the target logits' width.
+        kernels: ``"auto"`` (the Triton kernels for logits on CUDA, PyTorch elsewhere),
+            ``"triton"`` or ``"torch"``.
 
     Raises:
-        ConfigError: ``k`` out of range or an unknown template name.
+        ConfigError: ``k`` or ``kernels`` out of range, or an unknown template name.
         TreeStructureError: an invalid template path (named in the message).
+        KernelUnavailableError: ``kernels="triton"`` where Triton cannot run.
     """
 
     needs_draft_model: ClassVar[bool] = False
@@ -190,10 +202,12 @@ class TokenRecycling:
         *,
         prune_unknown: bool = True,
         vocab_size: int | None = None,
+        kernels: str = "auto",
     ) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1024:
             raise ConfigError(f"`k` must be an integer in [1, 1024]; got {k!r}.")
         self.k = k
+        self.kernels = require_triton(kernels)
         self.template = resolve_template(template, k)
         self.prune_unknown = prune_unknown
         self._adjacency: torch.Tensor | None = None  # int32 (V, K); -1 = unknown
@@ -237,7 +251,13 @@ class TokenRecycling:
         root = state.tokens[-1]
         if adj is None or root >= adj.shape[0]:
             return DraftTree.empty() if self.prune_unknown else self._zeros_tree()
-        rows = expand_template(adj, root, self.template)  # (N + 1,)
+        if backend_for("Token Recycling expansion", adj.device, self.kernels) == "triton":
+            t = self.template
+            rows = ops.expand_template(
+                adj, root, t.parents, t.slots, t.level_starts, kernels="triton"
+            ).cpu()  # (N + 1,) the tree's tokens to the host: a sync
+        else:
+            rows = expand_template(adj, root, self.template)  # (N + 1,)
         tokens = rows[1:]
         if not self.prune_unknown:  # not in the paper's wording: its zero init, read lazily
             return DraftTree.from_parents(tokens.clamp(min=0), self._full_parents, self._full_laws)
@@ -277,9 +297,19 @@ class TokenRecycling:
                 f"vocabulary has {vocab}; call `reset_vocabulary({vocab})` or use a new drafter."
             )
         k = min(self.k, vocab)
-        top = row_topk(logits, k)[1].to("cpu", torch.int32)  # (N + 1, K)
         root = outcome.state.tokens[-outcome.verdict.num_committed - 1]
         scored = torch.cat([torch.tensor([root]), outcome.tree.tokens])  # (N + 1,)
+        device = logits.device
+        if backend_for("Token Recycling update", device, self.kernels) == "triton":
+            if adj.device != device:  # the matrix follows the logits (once)
+                adj = self._adjacency = adj.to(device)
+            top = row_topk(logits, k)[1]  # (N + 1, K) on the device, no sync
+            rows = scored.to(device, non_blocking=True)
+            ops.update_adjacency(adj[:, :k], rows, top, kernels="triton")
+            return
+        if adj.device.type != "cpu":
+            adj = self._adjacency = adj.cpu()
+        top = row_topk(logits, k)[1].to("cpu", torch.int32)  # (N + 1, K)
         keep = last_occurrence_mask(scored)
         adj[scored[keep], :k] = top[keep]
 

@@ -1,22 +1,31 @@
 """Triton kernels for the hot path of a speculative step, each with a PyTorch twin.
 
 ``verispec.kernels.ops`` holds the host wrappers: they validate, allocate, build
-the grid and run the Triton kernel on CUDA (``triton`` is optional) and the
-reference in :mod:`verispec.kernels.reference` elsewhere. ``VERISPEC_KERNELS``
-(``auto`` / ``triton`` / ``reference``) or :func:`use_backend` overrides the choice.
+the grid and run the Triton kernel or its PyTorch twin in
+:mod:`verispec.kernels.reference`, as the switch in :mod:`verispec.kernels.backend`
+says (``kernels="auto" | "triton" | "torch"``; ``auto``: Triton on CUDA, PyTorch
+elsewhere). The rules' owners call them through it: :class:`~verispec.verifiers.Greedy`
+and :class:`~verispec.verifiers.RecursiveRejection` (verification),
+:class:`~verispec.drafters.TokenRecycling` (template expansion and adjacency update),
+the HF adapter's KV cache (compaction) and its ``"verispec"`` attention.
 
-* tree attention (block-sparse over the ancestor mask; :mod:`.block_order` for
-  DySpec's depth-first node order; :mod:`.hf_attention` for transformers);
-* greedy and recursive rejection tree verification (:mod:`.verify` wraps them as
-  verifiers);
+* tree attention (block-sparse over the ancestor mask, causal without a mask, split
+  over the prefix; :mod:`.block_order` for DySpec's depth-first node order;
+  :mod:`.hf_attention` for transformers);
+* greedy and recursive rejection tree verification;
 * Token Recycling's template expansion and adjacency update;
 * KV cache compaction.
 
 The ``@triton.jit`` modules (tree_attention, greedy_verify, rejection_verify,
-token_recycling, kv_compaction) are imported only when a Triton kernel runs.
+token_recycling, kv_compaction) are imported only when a Triton kernel runs;
+:mod:`.compile_check` compiles them for sm_90 and sm_80 without a GPU.
 """
 
-from verispec.kernels.backend import use_backend
+from verispec.kernels.backend import (
+    backend_for,
+    tree_attention_backend,
+    use_backend,
+)
 from verispec.kernels.block_order import (
     block_friendly_order,
     count_nonempty_blocks,
@@ -31,11 +40,9 @@ from verispec.kernels.ops import (
     tree_attention,
     update_adjacency,
 )
-from verispec.kernels.verify import KernelGreedy, KernelRecursiveRejection
 
 __all__ = [
-    "KernelGreedy",
-    "KernelRecursiveRejection",
+    "backend_for",
     "block_friendly_order",
     "compact_kv",
     "count_nonempty_blocks",
@@ -45,6 +52,7 @@ __all__ = [
     "permute_tree",
     "rejection_verify",
     "tree_attention",
+    "tree_attention_backend",
     "update_adjacency",
     "use_backend",
 ]

@@ -3,34 +3,46 @@
 :func:`register` adds ``"verispec"`` to transformers' ``AttentionInterface`` (and the
 matching mask builder, sdpa's, to ``AttentionMaskInterface``), so any model that
 follows the attention interface (Llama, Qwen2, Mistral, SmolLM2...) can run with
-``model.set_attn_implementation("verispec")``; :func:`enable` does both.
+``model.set_attn_implementation("verispec")``; :func:`enable` does both, and
+:func:`tree_attention_where_supported` does it for the length of a ``with`` block when the
+kernel switch picks Triton for the model's device (the benchmark's engine runs use it).
 
 The function reads the usual arguments: queries (B, H, Q, D), keys and values
 (B, H_kv, S + Q, D) whose last Q entries are the queries' own, and a 4-D boolean
 mask (B, 1, Q, S + Q). Its last Q columns become the kernel's tree mask, whose
 empty tiles are skipped; the first S columns, its prefix mask (full tiles are read
-without loading the mask). A ``None`` mask means causal.
+without loading the mask). A ``None`` mask means causal (a prefill): the kernel then
+compares positions itself and no (Q, Q) mask is built.
 
 It falls back to transformers' sdpa function, with one ``RuntimeWarning`` per
 reason, wherever the kernel does not apply: tensors not on CUDA (unless
-``VERISPEC_KERNELS=triton`` forces the interpreter), dropout, float (additive)
-masks, per-head masks, soft-capping, position biases, attention sinks, paged caches.
+``use_backend("triton")`` or ``VERISPEC_KERNELS=triton`` forces the interpreter),
+dropout, float (additive) masks, per-head masks, soft-capping, position biases,
+attention sinks, paged caches.
 
 Shape glossary: B batch, H heads, D head dim, S cached tokens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from verispec.kernels.backend import choose, interpreting
+from verispec.kernels.backend import interpreting, tree_attention_backend
 from verispec.kernels.block_order import block_states
 from verispec.kernels.ops import attention_blocks, launch_tree_attention
 
-__all__ = ["NAME", "enable", "register", "verispec_attention_forward"]
+__all__ = [
+    "NAME",
+    "enable",
+    "register",
+    "tree_attention_where_supported",
+    "verispec_attention_forward",
+]
 
 NAME = "verispec"
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -57,6 +69,27 @@ def enable(hf_model: Any) -> None:
     hf_model.set_attn_implementation(NAME)
 
 
+@contextlib.contextmanager
+def tree_attention_where_supported(hf_model: Any, kernels: str = "auto") -> Iterator[bool]:
+    """Inside the block ``hf_model`` runs the "verispec" attention if Triton is picked for it.
+
+    The pick is :func:`~verispec.kernels.backend.tree_attention_backend` for the device of
+    the model's first parameter: by default Triton on CUDA, so on the CPU nothing
+    changes. The previous attention implementation is restored on exit. Yields whether
+    the kernel was switched on.
+    """
+    device = next(hf_model.parameters()).device
+    if tree_attention_backend(device, kernels) != "triton":
+        yield False
+        return
+    previous = hf_model.config._attn_implementation
+    enable(hf_model)
+    try:
+        yield True
+    finally:
+        hf_model.set_attn_implementation(previous)
+
+
 def _note_fallback(reason: str) -> None:
     if reason not in _warned:
         _warned.add(reason)
@@ -74,7 +107,7 @@ def _fallback_reason(
     dropout: float,
     kwargs: dict[str, Any],
 ) -> str | None:
-    if choose(query.device, "tree attention") == "reference":
+    if tree_attention_backend(query.device) == "torch":
         return f"tensors on {query.device.type!r} (the kernel runs on CUDA)"
     if dropout:
         return "dropout is on (training)"
@@ -104,24 +137,36 @@ def _fallback_reason(
 
 
 def _tables(
-    mask: torch.Tensor | None, causal: bool, q_len: int, kv_len: int, head_dim: int, device: Any
-) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor | None], int, int]:
-    """Tree mask, prefix mask and their tile tables; cached for the pass's mask object."""
-    block_m, block_n = attention_blocks(q_len, head_dim)
+    mask: torch.Tensor | None,
+    causal: bool,
+    q_len: int,
+    kv_len: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: Any,
+) -> tuple[
+    torch.Tensor | None,
+    torch.Tensor | None,
+    tuple[torch.Tensor | None, torch.Tensor | None],
+    int,
+    int,
+]:
+    """Tree mask (``None``: causal), prefix mask and their tile tables; cached per mask object."""
+    block_m, block_n = attention_blocks(q_len, head_dim, dtype)
     key = (block_m, block_n, q_len, kv_len, causal, str(device), interpreting())
     if _cache.get("mask") is mask and _cache.get("key") == key:
         return _cache["value"]  # type: ignore[no-any-return]
     prefix = kv_len - q_len
-    if mask is None:
-        visible = torch.ones(q_len, q_len, dtype=torch.bool, device=device)
-        tree_mask = (visible.tril() if causal else visible)[None]
+    tree_mask: torch.Tensor | None
+    if mask is None:  # causal: the kernel compares positions, no (Q, Q) mask
+        tree_mask = None if causal else torch.ones(1, q_len, q_len, dtype=torch.bool, device=device)
         prefix_mask = None
     else:
         full = mask[:, 0]  # (B, Q, S + Q)
         tree_mask = full[..., prefix:]
         prefix_mask = full[..., :prefix] if prefix else None
     states = (
-        block_states(tree_mask, block_m, block_n),
+        None if tree_mask is None else block_states(tree_mask, block_m, block_n),
         None if prefix_mask is None else block_states(prefix_mask, block_m, block_n),
     )
     value = (tree_mask, prefix_mask, states, block_m, block_n)
@@ -163,7 +208,7 @@ def verispec_attention_forward(
     kv_len = key.shape[2]
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     tree_mask, prefix_mask, states, block_m, block_n = _tables(
-        attention_mask, causal, q_len, kv_len, head_dim, query.device
+        attention_mask, causal, q_len, kv_len, head_dim, query.dtype, query.device
     )
     prefix = kv_len - q_len
     out = torch.empty(batch, q_len, heads, head_dim, dtype=query.dtype, device=query.device)

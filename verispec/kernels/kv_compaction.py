@@ -19,7 +19,7 @@ import triton.language as tl
 __all__ = ["kv_compaction_kernel"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["start", "num_moved"])
 def kv_compaction_kernel(
     base_ptr, delta_ptr, source_ptr, start, num_moved, head_dim,
     stride_x, stride_l, stride_d,

@@ -1,9 +1,11 @@
 """Host wrappers of the kernels: validate, allocate, build the grid, dispatch.
 
-Every function here runs its Triton kernel on CUDA (or under Triton's interpreter
-when forced) and its PyTorch twin from :mod:`verispec.kernels.reference`
-elsewhere; :mod:`verispec.kernels.backend` makes the choice and explains it when a
-forced kernel cannot run (:class:`~verispec.errors.KernelUnavailableError`).
+Every function here takes ``kernels="auto" | "triton" | "torch"`` and asks
+:func:`verispec.kernels.backend.backend_for` which implementation runs: by default its
+Triton kernel on CUDA (or under Triton's interpreter when forced) and its PyTorch twin
+from :mod:`verispec.kernels.reference` elsewhere; a forced kernel that cannot run
+raises :class:`~verispec.errors.KernelUnavailableError` saying why. Launches happen
+with the tensors' own CUDA device current, so models split over GPUs work.
 Results stay on the device: the verification functions return a packed int64
 tensor (``[num_accepted, extra_token, path..., -1...]``) and only
 :func:`unpack_verdict` syncs, once.
@@ -26,14 +28,18 @@ from verispec.errors import TreeStructureError
 from verispec.kernels import reference
 from verispec.kernels._attention_host import (
     attention_blocks,
+    attention_warps,
     launch_tree_attention,
+    prefix_splits,
     tree_attention,
     triton_cdiv,
 )
-from verispec.kernels.backend import choose, interpreting, kernel_module
+from verispec.kernels.backend import backend_for, interpreting, kernel_module, launch_device
 
 __all__ = [
     "attention_blocks",
+    "attention_warps",
+    "prefix_splits",
     "compact_kv",
     "expand_template",
     "greedy_verify",
@@ -100,9 +106,11 @@ def greedy_verify_packed(
     child_ptr: torch.Tensor,
     child_idx: torch.Tensor,
     max_children: int,
+    *,
+    kernels: str = "auto",
 ) -> torch.Tensor:
     """Greedy verification on device tensors (no host sync); int64 packed verdict (N + 2,)."""
-    if choose(target_logits.device, "greedy verification") == "reference":
+    if backend_for("greedy verification", target_logits.device, kernels) == "torch":
         return reference.greedy_verify(target_logits, tokens, child_ptr, child_idx)
     import triton.language as tl
 
@@ -111,27 +119,32 @@ def greedy_verify_packed(
     best = torch.empty(rows, dtype=torch.long, device=target_logits.device)
     block_v = min(1024, _pow2(vocab, 16)) if not interpreting() else min(256, _pow2(vocab, 16))
     acc = tl.float64 if target_logits.dtype == torch.float64 else tl.float32
-    module.row_argmax_kernel[(rows,)](
-        target_logits, best, vocab, *target_logits.stride(), BLOCK_V=block_v, ACC_DTYPE=acc
-    )
     out = torch.full((tokens.numel() + 2,), -1, dtype=torch.long, device=target_logits.device)
-    module.greedy_verify_kernel[(1,)](
-        best, tokens, child_ptr, child_idx, out, BLOCK_C=_pow2(max_children, 2)
-    )
+    with launch_device(target_logits.device):
+        module.row_argmax_kernel[(rows,)](
+            target_logits, best, vocab, *target_logits.stride(), BLOCK_V=block_v, ACC_DTYPE=acc
+        )
+        module.greedy_verify_kernel[(1,)](
+            best, tokens, child_ptr, child_idx, out, BLOCK_C=_pow2(max_children, 16)
+        )
     return out
 
 
-def greedy_verify(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
+def greedy_verify(
+    tree: DraftTree, target_logits: torch.Tensor, *, kernels: str = "auto"
+) -> Verdict:
     """``verispec.verifiers.Greedy``'s verdict, computed by the kernels (one host sync).
 
     Args:
         target_logits: float, Shape: (N + 1, V). Row 0 the root, row i + 1 node i.
+        kernels: ``"auto"``, ``"triton"`` or ``"torch"`` (:mod:`verispec.kernels.backend`).
     """
     _check_rows(tree, target_logits, "target_logits")
     tokens, child_ptr, child_idx = tree_csr(tree, target_logits.device)
-    return unpack_verdict(
-        greedy_verify_packed(target_logits, tokens, child_ptr, child_idx, _max_children(tree))
+    packed = greedy_verify_packed(
+        target_logits, tokens, child_ptr, child_idx, _max_children(tree), kernels=kernels
     )
+    return unpack_verdict(packed)
 
 
 # -- recursive rejection verification ---------------------------------------------------
@@ -185,12 +198,14 @@ def rejection_verify_packed(
     child_ptr: torch.Tensor,
     child_idx: torch.Tensor,
     uniforms: torch.Tensor,
+    *,
+    kernels: str = "auto",
 ) -> torch.Tensor:
     """Recursive rejection verification on device tensors (no host sync); packed (N + 2,).
 
     Arguments as :func:`verispec.kernels.reference.rejection_verify`.
     """
-    if choose(target_probs.device, "rejection verification") == "reference":
+    if backend_for("rejection verification", target_probs.device, kernels) == "torch":
         return reference.rejection_verify(
             target_probs, draft_probs, draft_row, law_codes, tokens, child_ptr, child_idx, uniforms
         )
@@ -200,23 +215,25 @@ def rejection_verify_packed(
     scratch = torch.empty(2, vocab, dtype=torch.long, device=device)
     out = torch.full((tokens.numel() + 2,), -1, dtype=torch.long, device=device)
     block_v = min(256 if interpreting() else 1024, _pow2(vocab, 16))
-    module.rejection_verify_kernel[(1,)](
-        target_probs, draft_probs, draft_row, law_codes, tokens, child_ptr, child_idx,
-        uniforms.to(device=device, dtype=torch.float64), scratch[0], scratch[1], out,
-        tokens.numel(), vocab, *target_probs.stride(), *draft_probs.stride(),
-        BLOCK_V=block_v,
-    )  # fmt: skip
+    with launch_device(device):
+        module.rejection_verify_kernel[(1,)](
+            target_probs, draft_probs, draft_row, law_codes, tokens, child_ptr, child_idx,
+            uniforms.to(device=device, dtype=torch.float64), scratch[0], scratch[1], out,
+            tokens.numel(), vocab, *target_probs.stride(), *draft_probs.stride(),
+            BLOCK_V=block_v,
+        )  # fmt: skip
     return out
 
 
 def rejection_verify(
-    tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor
+    tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor, *, kernels: str = "auto"
 ) -> Verdict:
     """Recursive rejection sampling over ``tree`` with given draws (one host sync).
 
     Args:
         target_probs: float, Shape: (N + 1, V). Processed target distribution of each row.
         uniforms: float64, Shape: (N + 1,). Coin of node i at i; the extra token's at N.
+        kernels: ``"auto"``, ``"triton"`` or ``"torch"`` (:mod:`verispec.kernels.backend`).
     """
     _check_rows(tree, target_probs, "target_probs")
     if uniforms.shape != (tree.num_nodes + 1,):
@@ -227,8 +244,9 @@ def rejection_verify(
     codes, rows, drafts = law_tensors(tree, target_probs.shape[1], device)
     tokens, child_ptr, child_idx = tree_csr(tree, device)
     packed = rejection_verify_packed(
-        target_probs, drafts, rows, codes, tokens, child_ptr, child_idx, _to(uniforms, device)
-    )
+        target_probs, drafts, rows, codes, tokens, child_ptr, child_idx, _to(uniforms, device),
+        kernels=kernels,
+    )  # fmt: skip
     return unpack_verdict(packed)
 
 
@@ -241,34 +259,41 @@ def expand_template(
     parents: torch.Tensor,
     slots: torch.Tensor,
     level_starts: Sequence[int],
+    *,
+    kernels: str = "auto",
 ) -> torch.Tensor:
     """Token Recycling's breadth-first template expansion; int64 (N + 1,), row 0 the root.
 
     Arguments as :func:`verispec.kernels.reference.expand_template` (``TreeTemplate``'s
-    ``parents``, ``slots`` and ``level_starts``).
+    ``parents``, ``slots`` and ``level_starts``); ``kernels`` as everywhere here.
     """
     if adjacency.dim() != 2 or adjacency.dtype not in (torch.int32, torch.int64):
         raise _fail(f"`adjacency` must be int32/int64 of shape (V, K); got {adjacency.dtype}.")
     if parents.shape != slots.shape or int(level_starts[-1]) != parents.numel():
         raise _fail("`parents`, `slots` and `level_starts` must describe the same N nodes.")
     device = adjacency.device
-    if choose(device, "Token Recycling expansion") == "reference":
+    if backend_for("Token Recycling expansion", device, kernels) == "torch":
         return reference.expand_template(adjacency, root, parents, slots, level_starts)
     module = kernel_module("token_recycling")
     n = parents.numel()
     out = torch.empty(n + 1, dtype=torch.long, device=device)
     levels = _to(torch.tensor(list(level_starts), dtype=torch.long), device)
     widest = max((b - a for a, b in itertools.pairwise(level_starts)), default=1)
-    module.token_recycling_kernel[(1,)](
-        adjacency, _to(parents, device), _to(slots, device), levels, out,
-        int(root), len(level_starts) - 1, adjacency.shape[0], *adjacency.stride(),
-        BLOCK=min(_pow2(widest, 16), 256),
-    )  # fmt: skip
+    with launch_device(device):
+        module.token_recycling_kernel[(1,)](
+            adjacency, _to(parents, device), _to(slots, device), levels, out,
+            int(root), len(level_starts) - 1, adjacency.shape[0], *adjacency.stride(),
+            BLOCK=min(_pow2(widest, 16), 256),
+        )  # fmt: skip
     return out
 
 
 def update_adjacency(
-    adjacency: torch.Tensor, row_tokens: torch.Tensor, topk_ids: torch.Tensor
+    adjacency: torch.Tensor,
+    row_tokens: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    kernels: str = "auto",
 ) -> None:
     """Token Recycling's row update, in place: ``adjacency[row_tokens[i]] = topk_ids[i]``.
 
@@ -282,44 +307,65 @@ def update_adjacency(
         )
     device = adjacency.device
     rows, topk = row_tokens.to(device), topk_ids.to(device)
-    if choose(device, "Token Recycling update") == "reference":
+    if backend_for("Token Recycling update", device, kernels) == "torch":
         reference.update_adjacency(adjacency, rows, topk)
         return
     module = kernel_module("token_recycling")
     m = rows.numel()
     block_r = 16 if interpreting() else 64
-    module.adjacency_update_kernel[(triton_cdiv(m, block_r),)](
-        adjacency, rows, topk, m, adjacency.shape[1], *adjacency.stride(), *topk.stride(),
-        BLOCK_R=block_r, BLOCK_K=_pow2(adjacency.shape[1], 2),
-    )  # fmt: skip
+    with launch_device(device):
+        module.adjacency_update_kernel[(triton_cdiv(m, block_r),)](
+            adjacency, rows, topk, m, adjacency.shape[1], *adjacency.stride(), *topk.stride(),
+            BLOCK_R=block_r, BLOCK_K=_pow2(adjacency.shape[1], 2),
+        )  # fmt: skip
 
 
 # -- KV compaction ----------------------------------------------------------------------
 
 
 def compact_kv(
-    caches: Sequence[torch.Tensor] | torch.Tensor, start: int, source: torch.Tensor
+    caches: Sequence[torch.Tensor] | torch.Tensor,
+    start: int,
+    source: torch.Tensor,
+    *,
+    kernels: str = "auto",
 ) -> None:
     """Entries ``start + j`` become copies of entries ``source[j]`` in every cache, in place.
 
     Args:
         caches: tensors of Shape: (..., L, D) (per-layer keys and values, or a stacked
-            tensor), all on one device. One launch per group of equal dtype/shape/strides.
+            tensor), on any devices (a model split over GPUs: each device's caches are
+            compacted there, with ``source`` copied to it). One launch per device and
+            group of equal dtype/shape/strides.
         start: first destination position; ``source[j] >= start + j`` is not required.
         source: int64, Shape: (n,).
+        kernels: ``"auto"``, ``"triton"`` or ``"torch"`` (:mod:`verispec.kernels.backend`).
     """
     tensors = [caches] if isinstance(caches, torch.Tensor) else list(caches)
     if not tensors or source.numel() == 0:
         return
-    device = tensors[0].device
-    source = source.to(device=device, dtype=torch.long)
     for t in tensors:
-        if t.device != device or t.dim() < 2 or start + source.numel() > t.shape[-2]:
+        if t.dim() < 2 or start + source.numel() > t.shape[-2]:
             raise _fail(
-                f"caches must be (..., L, D) tensors on one device with L >= start + n = "
+                f"caches must be (..., L, D) tensors with L >= start + n = "
                 f"{start + source.numel()}; got {tuple(t.shape)} on {t.device}."
             )
-    if choose(device, "KV compaction") == "reference":
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_device.setdefault(t.device, []).append(t)
+    for device, group in by_device.items():
+        _compact_on(device, group, start, source.to(device=device, dtype=torch.long), kernels)
+
+
+def _compact_on(
+    device: torch.device,
+    tensors: list[torch.Tensor],
+    start: int,
+    source: torch.Tensor,
+    kernels: str,
+) -> None:
+    """:func:`compact_kv` for caches that all live on ``device``."""
+    if backend_for("KV compaction", device, kernels) == "torch":
         reference.compact_kv(tensors, start, source)
         return
     module = kernel_module("kv_compaction")
@@ -339,7 +385,8 @@ def compact_kv(
         d = base.shape[-1]
         block_d = min(_pow2(d, 16), 128)
         grid = (len(flats), base.shape[0], triton_cdiv(d, block_d))
-        module.kv_compaction_kernel[grid](
-            base, delta, source, start, source.numel(), d, *base.stride(),
-            BLOCK_N=_pow2(source.numel(), 2), BLOCK_D=block_d,
-        )  # fmt: skip
+        with launch_device(device):
+            module.kv_compaction_kernel[grid](
+                base, delta, source, start, source.numel(), d, *base.stride(),
+                BLOCK_N=_pow2(source.numel(), 16), BLOCK_D=block_d,
+            )  # fmt: skip

@@ -11,6 +11,15 @@ Arithmetic is fixed point (``reference.FIXED_ONE`` = 2**52): weights are int64,
 their sums are exact whatever the order of reduction, and every remaining step is
 a single float64 multiply, divide or compare, so the kernel matches the reference
 draw for draw. Scratch: two int64 vectors of V entries (residual, proposal).
+
+Ordering. The scratch vectors are global memory that every thread of the program
+reads and writes, and Triton orders global accesses across threads only at a
+barrier. So the walk reads what it needs of the scratch into registers, then crosses
+``tl.debug_barrier()`` before anything overwrites it: before each row's quantisation
+(the previous row's scalar reads), before a rejection's updates (this child's scalar
+reads), and after them (the next child's reads). The block loops of
+``_quantize_into`` and ``_residual_step`` read and write each element from the same
+thread (the same layout), so they need no barrier inside.
 """
 
 from __future__ import annotations
@@ -75,7 +84,7 @@ def _sample(residual_ptr, mass, uniform, vocab_size, BLOCK_V: tl.constexpr):
     return count
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_nodes"])
 def rejection_verify_kernel(
     target_ptr, draft_ptr, draft_row_ptr, law_ptr, tokens_ptr, child_ptr_ptr, child_idx_ptr,
     uniforms_ptr, residual_ptr, proposal_ptr, out_ptr,
@@ -90,6 +99,7 @@ def rejection_verify_kernel(
     count = 0
     walking = 1
     while walking != 0:
+        tl.debug_barrier()  # every thread is done reading the previous row's scratch
         target_row = target_ptr + row * stride_tr
         mass = _quantize_into(target_row, stride_tv, residual_ptr, vocab_size, BLOCK_V)
         law = tl.load(law_ptr + row)
@@ -106,26 +116,29 @@ def rejection_verify_kernel(
             child = tl.load(child_idx_ptr + i)
             x = tl.load(tokens_ptr + child)
             u = tl.load(uniforms_ptr + child)
-            r_x = tl.load(residual_ptr + x).to(tl.float64) / mass.to(tl.float64)
+            residual_x = tl.load(residual_ptr + x)  # this child's scratch, read once
+            proposal_x = tl.zeros((), dtype=tl.int64)
+            if law >= 2:
+                proposal_x = tl.load(proposal_ptr + x)
+            r_x = residual_x.to(tl.float64) / mass.to(tl.float64)
             p_x = tl.full((), 1.0, dtype=tl.float64)
             if law >= 2:
                 denominator = tl.maximum(draft_mass, 1).to(tl.float64)
-                p_x = tl.where(
-                    draft_mass > 0, tl.load(proposal_ptr + x).to(tl.float64) / denominator, 0.0
-                )
+                p_x = tl.where(draft_mass > 0, proposal_x.to(tl.float64) / denominator, 0.0)
             if u * p_x < r_x:
                 chosen = child
             else:
+                tl.debug_barrier()  # every thread has read residual[x] and proposal[x]
                 if law == 1:
-                    mass -= tl.load(residual_ptr + x)
+                    mass -= residual_x
                     tl.store(residual_ptr + x, 0)
                 else:
                     mass = _residual_step(residual_ptr, proposal_ptr, mass, draft_mass,
                                           vocab_size, BLOCK_V)  # fmt: skip
                     if law == 3:
-                        draft_mass -= tl.load(proposal_ptr + x)
+                        draft_mass -= proposal_x
                         tl.store(proposal_ptr + x, 0)
-                tl.debug_barrier()
+                tl.debug_barrier()  # the updates are visible to the next child's reads
                 if mass <= 0:  # no residual mass left: restart from the target row
                     mass = _quantize_into(target_row, stride_tv, residual_ptr, vocab_size,
                                           BLOCK_V)  # fmt: skip

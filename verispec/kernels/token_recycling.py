@@ -19,7 +19,7 @@ import triton.language as tl
 __all__ = ["adjacency_update_kernel", "token_recycling_kernel"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["root"])
 def token_recycling_kernel(
     adj_ptr, parents_ptr, slots_ptr, level_ptr, out_ptr,
     root, num_levels, vocab_size, stride_av, stride_ak,
@@ -45,7 +45,7 @@ def token_recycling_kernel(
         tl.debug_barrier()  # the next level reads this level's tokens
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def adjacency_update_kernel(
     adj_ptr, rows_ptr, topk_ptr, num_rows, num_cols,
     stride_av, stride_ak, stride_tr, stride_tk,

@@ -22,8 +22,12 @@ __all__ = [
 ]
 
 
-def default_verifier(sampling: SamplingParams) -> Verifier:
-    """``Greedy`` at temperature 0, recursive rejection sampling otherwise."""
+def default_verifier(sampling: SamplingParams, *, kernels: str = "auto") -> Verifier:
+    """``Greedy`` at temperature 0, recursive rejection sampling otherwise.
+
+    ``kernels``: ``"auto"``, ``"triton"`` or ``"torch"``, passed to the verifier
+    (:mod:`verispec.kernels.backend`).
+    """
     if sampling.is_greedy:
-        return Greedy()
-    return RecursiveRejection()
+        return Greedy(kernels=kernels)
+    return RecursiveRejection(kernels=kernels)

@@ -4,6 +4,10 @@ Follow the target's argmax down the tree: at each row, the child whose token is
 the target's argmax is accepted; the walk stops at the first row with no such
 child, and that row's argmax is the extra (bonus) token. The output is exactly
 the target's greedy continuation, whatever the proposal law of the children.
+
+``kernels`` picks the implementation (:mod:`verispec.kernels.backend`): on CUDA by
+default the Triton kernels (:func:`verispec.kernels.ops.greedy_verify`: a row argmax
+and a walk on the device, one host sync), elsewhere the walk below.
 """
 
 from __future__ import annotations
@@ -14,12 +18,30 @@ from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
 from verispec.core.types import Verdict
 from verispec.errors import TreeStructureError
+from verispec.kernels import ops
+from verispec.kernels.backend import backend_for, require_triton
 
 __all__ = ["Greedy"]
 
 
 class Greedy:
-    """The temperature-0 verifier: the longest path that agrees with the target's argmax."""
+    """The temperature-0 verifier: the longest path that agrees with the target's argmax.
+
+    Args:
+        kernels: ``"auto"`` (Triton on CUDA, PyTorch elsewhere), ``"triton"`` or ``"torch"``.
+
+    Raises:
+        ConfigError: ``kernels`` is not one of those.
+        KernelUnavailableError: ``kernels="triton"`` where Triton cannot run.
+    """
+
+    kernels: str = "auto"  # also for subclasses that do not call __init__
+
+    def __init__(self, kernels: str = "auto") -> None:
+        self.kernels = require_triton(kernels)
+
+    def __repr__(self) -> str:
+        return f"Greedy(kernels={self.kernels!r})"
 
     def verify(
         self,
@@ -38,6 +60,8 @@ class Greedy:
                 f"`target_logits` must have shape (N + 1, V) = ({tree.num_nodes + 1}, V); "
                 f"got {tuple(target_logits.shape)}."
             )
+        if backend_for("greedy verification", target_logits.device, self.kernels) == "triton":
+            return ops.greedy_verify(tree, target_logits, kernels="triton")
         if target_logits.device.type == "cpu":
             # on the CPU a host read is free: take the argmax only of the rows the walk visits
             # (about MAT rows instead of N + 1 full-vocabulary scans)

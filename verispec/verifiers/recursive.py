@@ -21,6 +21,13 @@ Randomness: one uniform coin per node, drawn in one call from the given
 ``torch.Generator`` (coin ``i`` belongs to node ``i``), plus one uniform for the
 extra token's inverse-CDF sample. Only the rows on the accepted path are processed.
 
+``kernels`` picks the implementation of :meth:`RecursiveRejection.verify`
+(:mod:`verispec.kernels.backend`): on CUDA by default the Triton kernel
+(:func:`verispec.kernels.ops.rejection_verify`), which walks the tree on the device
+with the same coins in float64 fixed point (its decisions are those of
+``residual_dtype=torch.float64`` unless a coin lands within about 1e-15 of a
+threshold); elsewhere the walk below.
+
 Shape glossary (docs/glossary): N tree nodes, V vocabulary.
 """
 
@@ -32,6 +39,8 @@ from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
 from verispec.core.types import Verdict
 from verispec.errors import ConfigError, TreeStructureError
+from verispec.kernels import ops
+from verispec.kernels.backend import backend_for, require_triton
 from verispec.verifiers._rules import RowRejection, check_draft_shape, sample_indices
 
 __all__ = ["RecursiveRejection"]
@@ -42,21 +51,30 @@ class RecursiveRejection:
 
     Args:
         residual_dtype: precision of the processed target distributions and of the
-            residuals, ``torch.float32`` (default) or ``torch.float64``.
+            residuals on the PyTorch path, ``torch.float32`` (default) or ``torch.float64``
+            (the Triton kernel always works in float64 fixed point).
+        kernels: ``"auto"`` (Triton on CUDA, PyTorch elsewhere), ``"triton"`` or ``"torch"``.
 
     At temperature 0 the processed distributions are point masses and the verdict
     equals :class:`~verispec.verifiers.Greedy`'s.
+
+    Raises:
+        ConfigError: ``residual_dtype`` or ``kernels`` out of range.
+        KernelUnavailableError: ``kernels="triton"`` where Triton cannot run.
     """
 
-    def __init__(self, residual_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, residual_dtype: torch.dtype = torch.float32, *, kernels: str = "auto"
+    ) -> None:
         if residual_dtype not in (torch.float32, torch.float64):
             raise ConfigError(
                 f"`residual_dtype` must be torch.float32 or torch.float64; got {residual_dtype}."
             )
         self.residual_dtype = residual_dtype
+        self.kernels = require_triton(kernels)
 
     def __repr__(self) -> str:
-        return f"RecursiveRejection(residual_dtype={self.residual_dtype})"
+        return f"RecursiveRejection(residual_dtype={self.residual_dtype}, kernels={self.kernels!r})"
 
     def verify(
         self,
@@ -79,9 +97,19 @@ class RecursiveRejection:
                 vocabulary, a row with children has no law, or a child could not have
                 been drawn from its row's draft distribution.
             NonFiniteLogitsError: a row on the walked path has NaN or infinite logits,
-                or a visited draft distribution is not finite.
+                or a visited draft distribution is not finite (the Triton path checks
+                every target row and no draft distribution).
         """
-        return self.sample_verdicts(tree, target_logits, sampling, generator, 1)[0]
+        if backend_for("rejection verification", target_logits.device, self.kernels) == "torch":
+            return self.sample_verdicts(tree, target_logits, sampling, generator, 1)[0]
+        self._check(tree, target_logits)
+        target_probs = sampling.probs(target_logits, torch.float64)  # (N + 1, V)
+        # the coins of sample_verdicts(..., 1): one row of N + 1 uniforms from the generator
+        coins = torch.rand(
+            1, tree.num_nodes + 1, generator=generator, dtype=torch.float64,
+            device=generator.device,
+        )[0]  # fmt: skip
+        return ops.rejection_verify(tree, target_probs, coins, kernels="triton")
 
     def sample_verdicts(
         self,

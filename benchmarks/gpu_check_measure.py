@@ -1,0 +1,288 @@
+"""The in-process stages of ``benchmarks/gpu_check.py``: kernel timings, T(n), bench.
+
+Each ``stage_*`` takes the run's ``Check`` (settings: ``dry``, ``device``, ``out``,
+``sizes``, ``limit``, ``max_new_tokens``, ``real_model``) and returns ``(status, data)``.
+Without the real model the targets are random Llamas of the real shapes: only their
+speed means anything.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOLLM2_SHAPE = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+    num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
+    rope_theta=100000.0, max_position_embeddings=8192,
+)  # fmt: skip
+LLAMA_7B_SHAPE = dict(
+    vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False,
+    max_position_embeddings=4096,
+)  # fmt: skip
+TINY_SHAPE = dict(
+    vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    max_position_embeddings=4096,
+)  # fmt: skip
+GPU_METHODS = "hf,hf-pld,ar,pld,tr:template=8,tr,dtr,chain,specinfer,dyspec,rsdc,rsds"
+DRY_METHODS = "hf,ar,tr:template=8,dtr,chain"
+MAT_REPORT = ROOT / "proofs_tests" / "bench" / "data" / "bench_specbench_shard_a.json"
+
+
+def _median_seconds(fn: Callable[[], Any], device: Any, repeats: int) -> float:
+    import statistics
+
+    import torch
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()  # warm-up (compiles)
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def stage_kernels(check: Any) -> tuple[str, dict[str, Any]]:
+    """Each kernel against its PyTorch path: outputs compared, median milliseconds."""
+    import torch
+
+    from verispec.core.tree import DraftTree, WithoutReplacement
+    from verispec.drafters.templates import resolve_template
+    from verispec.kernels import ops
+
+    device, dry = check.device, check.dry
+    g = torch.Generator().manual_seed(0)
+    vocab = 300 if dry else 49152
+    rows: list[dict[str, Any]] = []
+
+    def case(name: str, run: Callable[[str], Any], compare: Callable[[Any, Any], float]) -> None:
+        triton_out, torch_out = run("triton"), run("torch")
+        rows.append(
+            {
+                "case": name,
+                "max_abs_difference": compare(triton_out, torch_out),
+                "triton_ms": 1e3 * _median_seconds(lambda: run("triton"), device, 1 if dry else 20),
+                "torch_ms": 1e3 * _median_seconds(lambda: run("torch"), device, 1 if dry else 20),
+            }
+        )
+
+    def diff(a: Any, b: Any) -> float:
+        return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+    shapes = [(9, 3, 4, 16, 64)] if dry else [
+        (9, 3, 16, 512, 64), (9, 3, 80, 512, 64), (9, 3, 16, 4096, 64), (9, 3, 128, 4096, 64),
+        (32, 32, 64, 2048, 128),
+    ]  # fmt: skip
+    for heads, kv_heads, n, s, d in shapes:
+        dtype = torch.float32 if dry else torch.float16
+        q = torch.randn(1, heads, n, d, generator=g).to(device, dtype)
+        kp, vp = (torch.randn(1, kv_heads, s, d, generator=g).to(device, dtype) for _ in "kv")
+        kt, vt = (torch.randn(1, kv_heads, n, d, generator=g).to(device, dtype) for _ in "kv")
+        parents = [-1] + [int(torch.randint(-1, i, (), generator=g)) for i in range(1, n)]
+        mask = DraftTree.from_parents([0] * n, parents).ancestor_mask.to(device)
+        case(
+            f"tree attention H={heads}/{kv_heads} N={n} S={s} D={d} {str(dtype)[6:]}",
+            lambda k, a=(q, kp, vp, kt, vt, mask): ops.tree_attention(*a, kernels=k),
+            diff,
+        )
+    template = resolve_template("8" if dry else "2.2.2", 8)
+    nodes = template.num_nodes
+    tree = DraftTree.from_parents(torch.arange(nodes), template.parents)
+    logits = torch.randn(nodes + 1, vocab, generator=g).to(device)
+    case("greedy verification", lambda k: ops.greedy_verify(tree, logits, kernels=k),
+         lambda a, b: float(a != b))  # fmt: skip
+    draft = torch.softmax(torch.randn(vocab, generator=g, dtype=torch.float64), 0)
+    wr_tree = DraftTree.from_parents(
+        torch.arange(nodes), template.parents, WithoutReplacement(draft)
+    )
+    probs = torch.softmax(torch.randn(nodes + 1, vocab, generator=g, dtype=torch.float64), -1)
+    probs, coins = probs.to(device), torch.rand(nodes + 1, generator=g, dtype=torch.float64)
+    case("rejection verification", lambda k: ops.rejection_verify(wr_tree, probs, coins, kernels=k),
+         lambda a, b: float(a != b))  # fmt: skip
+    adjacency = torch.randint(0, vocab, (vocab, 8), generator=g, dtype=torch.int32).to(device)
+    topk = torch.randint(0, vocab, (nodes + 1, 8), generator=g).to(device)
+    args = (template.parents, template.slots, template.level_starts)
+
+    def token_recycling(k: str) -> Any:
+        rows_ = ops.expand_template(adjacency, 11, *args, kernels=k)
+        ops.update_adjacency(adjacency.clone(), rows_.clamp(min=0), topk, kernels=k)
+        return rows_
+
+    case("Token Recycling expand + update", token_recycling, diff)
+    length, layers = (32, 2) if dry else (4096, 60)
+    caches = [torch.randn(1, 3, length, 64, generator=g).half().to(device) for _ in range(layers)]
+    source = torch.tensor([length - 10, length - 13, length - 4]).to(device)
+
+    def compaction(k: str) -> Any:
+        moved = [c.clone() for c in caches]
+        ops.compact_kv(moved, length - 14, source, kernels=k)
+        return torch.stack(moved)
+
+    case("KV compaction", compaction, diff)
+    for row in rows:
+        row["speedup"] = row["torch_ms"] / row["triton_ms"] if row["triton_ms"] else None
+    bad = [r["case"] for r in rows if "attention" not in r["case"] and r["max_abs_difference"]]
+    bad += [r["case"] for r in rows if "attention" in r["case"] and r["max_abs_difference"] > 4e-3]
+    return ("ok" if not bad else "failed"), {"rows": rows, "mismatches": bad}
+
+
+def build_llama(shape: dict[str, Any], dtype: Any, device: Any, seed: int = 0) -> Any:
+    """A randomly initialised Llama of ``shape``, built on ``device`` in ``dtype``, in HFModel."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from verispec.models.hf import HFModel
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="sdpa"))
+    finally:
+        torch.set_default_dtype(previous)
+    generator = torch.Generator(device=device).manual_seed(seed)  # on the device: fast at 7B
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
+    model.generation_config.eos_token_id = None
+    return HFModel(model.eval())
+
+
+def _target(check: Any, dtype: Any) -> tuple[Any, Any, str]:
+    """(model, tokenizer, what): the real SmolLM2 if installed and loadable, else random."""
+    from verispec.bench.smoke import ByteTokenizer
+
+    if check.dry:
+        return build_llama(TINY_SHAPE, dtype, check.device), ByteTokenizer(), "tiny random Llama"
+    if check.real_model:
+        try:
+            from verispec.models.default import load_default_model
+
+            model, tokenizer = load_default_model(dtype=dtype, device=check.device)
+            return model, tokenizer, "SmolLM2-135M-Instruct (real weights)"
+        except Exception as exc:  # a missing converter dependency: fall back, say so
+            print(f"[gpu_check] real model not loadable ({exc}); random weights", file=sys.stderr)
+    model = build_llama(SMOLLM2_SHAPE, dtype, check.device)
+    return model, ByteTokenizer(), "SmolLM2-shaped random Llama (speed only)"
+
+
+def _latency(check: Any, model: Any) -> dict[str, Any]:
+    from verispec.drafters.budget import measure_latency
+    from verispec.kernels.hf_attention import tree_attention_where_supported
+
+    repeats, warmup = (1, 0) if check.dry else (5, 2)
+    tables = {}
+    for attention in ("sdpa", "triton"):
+        if attention == "triton" and check.dry:
+            continue  # the interpreter's timings mean nothing
+        kernels = "torch" if attention == "sdpa" else "triton"
+        with tree_attention_where_supported(model.hf_model, kernels=kernels):
+            table = measure_latency(
+                model, check.sizes, context=min(512, model.max_length // 4),
+                repeats=repeats, warmup=warmup,
+            )  # fmt: skip
+        tables[attention] = [1e3 * s for s in table.seconds]
+    return {"n": check.sizes, "ms": tables}
+
+
+def stage_latency(check: Any) -> tuple[str, dict[str, Any]]:
+    import torch
+
+    dtype = torch.float32 if check.dry else torch.float16
+    model, _, what = _target(check, dtype)
+    return "ok", {"model": what, "dtype": str(dtype)[6:], **_latency(check, model)}
+
+
+def stage_latency_7b(check: Any) -> tuple[str, dict[str, Any]]:
+    import torch
+
+    shape = TINY_SHAPE if check.dry else LLAMA_7B_SHAPE
+    model = build_llama(shape, torch.bfloat16, check.device)
+    try:
+        return "ok", {"model": "Llama-2-7B-shaped random", "dtype": "bfloat16",
+                      **_latency(check, model)}  # fmt: skip
+    finally:
+        del model
+        if check.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _mat_from_cpu() -> dict[str, float]:
+    if not MAT_REPORT.exists():
+        return {}
+    methods = json.loads(MAT_REPORT.read_text())["methods"]
+    return {label: float(m["mean_accepted"]) for label, m in methods.items()}
+
+
+def _bench_run(
+    check: Any, model: Any, tokenizer: Any, methods: str, kernels: str, chat: bool
+) -> Any:
+    from verispec.bench.methods import METHODS
+    from verispec.bench.prompts import select_questions, shipped_questions
+    from verispec.bench.registry import parse_methods
+    from verispec.bench.report import summarise
+    from verispec.bench.runner import BenchConfig, make_context, run_bench
+    from verispec.kernels.backend import use_backend
+
+    questions = select_questions(shipped_questions(), limit=check.limit, max_turns=1)
+    config = BenchConfig(max_new_tokens=check.max_new_tokens, warmup=1, chat=chat)
+    with use_backend(kernels):
+        run = run_bench(make_context(model, tokenizer), parse_methods(methods, METHODS),
+                        questions, config, progress=False)  # fmt: skip
+    return summarise(run)
+
+
+def stage_bench(check: Any) -> tuple[str, dict[str, Any]]:
+    import torch
+
+    from verispec.bench.output import machine_info, write_json, write_text
+    from verispec.bench.report import render_markdown, to_json
+
+    cpu_mat = _mat_from_cpu()
+    data: dict[str, Any] = {"mat_source": str(MAT_REPORT.relative_to(ROOT)), "runs": {}}
+    dtypes = (torch.float32,) if check.dry else (torch.float16, torch.bfloat16)
+    for dtype in dtypes:
+        name = str(dtype)[6:]
+        model, tokenizer, what = _target(check, dtype)
+        chat = "real" in what  # the byte tokenizer of the random models has no chat template
+        methods = DRY_METHODS if check.dry else GPU_METHODS
+        runs = {
+            "kernels on": _bench_run(check, model, tokenizer, methods, "auto", chat),
+            "kernels off": _bench_run(check, model, tokenizer, "ar,tr:template=8", "torch", chat),
+        }
+        for label, report in runs.items():
+            stem = f"bench_{name}_{label.replace(' ', '_')}"
+            machine = machine_info(check.device, name)
+            command = f"gpu_check bench {name} {label} ({what})"
+            write_json(check.out / f"{stem}.json", to_json(report, machine, command))
+            write_text(check.out / f"{stem}.md", render_markdown(report, machine, command))
+            methods = {}
+            for method, fig in report.methods.items():
+                row = {
+                    "tokens_per_s": fig.tokens_per_s,
+                    "mean_accepted": fig.mean_accepted,
+                    "speedup_vs_hf": fig.speedup_vs_hf,
+                    "speedup_vs_ar": fig.speedup_vs_ar,
+                    "identical": fig.identical,
+                    "steps_per_s": fig.steps / fig.seconds if fig.seconds else None,
+                }
+                if "random" in what and method in cpu_mat and row["steps_per_s"]:
+                    row["estimated_tokens_per_s"] = cpu_mat[method] * row["steps_per_s"]
+                methods[method] = row
+            data["runs"][f"{name} {label}"] = {"model": what, "methods": methods}
+        del model
+    return "ok", data

