@@ -92,3 +92,13 @@ def test_latency_for_caches_on_disk(tiny, tmp_path, monkeypatch) -> None:
     latency_for(tiny, sizes=[4], cache_dir=tmp_path, remeasure=True)
     assert calls == [1, 1]
     assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_runtimes_of_one_model_measure_their_own_tables(tiny) -> None:
+    """The fast runtime and the HF adapter over the same weights get different device keys, so
+    a latency table measured on one is never reused for the other."""
+    from verispec.models import FastModel
+
+    runtime = FastModel(tiny.hf_model)
+    assert budget_module.device_key(runtime) != budget_module.device_key(tiny)
+    assert "FastModel" in budget_module.device_key(runtime)

@@ -200,7 +200,8 @@ def measure_latency(
 
 
 def device_key(model: Any) -> str:
-    """A name for what a latency table describes: model, dtype, device and CPU threads."""
+    """A name for what a latency table describes: model, dtype, device, CPU threads and the
+    class (and runtime variant) that runs the forward."""
     config = getattr(model, "config", None)
     name = str(getattr(config, "_name_or_path", "") or getattr(config, "model_type", "")) or (
         type(model).__name__
@@ -213,7 +214,8 @@ def device_key(model: Any) -> str:
     else:
         where = f"{platform.machine()}-{platform.processor() or 'cpu'}-{torch.get_num_threads()}t"
     shape = f"V{getattr(model, 'vocab_size', '?')}-L{len(layers) if layers else '?'}"
-    return f"{name}|{shape}|{dtype}|{device.type}|{where}"
+    runtime = type(model).__name__ + (f"-{model.runtime}" if hasattr(model, "runtime") else "")
+    return f"{name}|{shape}|{dtype}|{device.type}|{where}|{runtime}"
 
 
 def _cache_dir() -> Path:
