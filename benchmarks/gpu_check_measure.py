@@ -181,22 +181,30 @@ def _target(check: Any, dtype: Any) -> tuple[Any, Any, str]:
 
 
 def _latency(check: Any, model: Any) -> dict[str, Any]:
+    """T(n) of the HF adapter (sdpa and the Triton tree attention) and of the fast runtime
+    (CUDA graphs on a GPU), all over the same transformers model."""
     from verispec.drafters.budget import measure_latency
     from verispec.kernels.hf_attention import tree_attention_where_supported
+    from verispec.models import FastModel, HFModel
 
     repeats, warmup = (1, 0) if check.dry else (5, 2)
+    context = min(512, model.max_length // 4)
+    adapter = HFModel(model.hf_model)
     tables = {}
     for attention in ("sdpa", "triton"):
         if attention == "triton" and check.dry:
             continue  # the interpreter's timings mean nothing
         kernels = "torch" if attention == "sdpa" else "triton"
-        with tree_attention_where_supported(model.hf_model, kernels=kernels):
+        with tree_attention_where_supported(adapter.hf_model, kernels=kernels):
             table = measure_latency(
-                model, check.sizes, context=min(512, model.max_length // 4),
-                repeats=repeats, warmup=warmup,
-            )  # fmt: skip
-        tables[attention] = [1e3 * s for s in table.seconds]
-    return {"n": check.sizes, "ms": tables}
+                adapter, check.sizes, context=context, repeats=repeats, warmup=warmup
+            )
+        tables[f"adapter-{attention}"] = [1e3 * s for s in table.seconds]
+    runtime = FastModel(model.hf_model, max_length=min(model.max_length, 4096))
+    setup_s = runtime.warm_up()  # captures the CUDA graphs (eager on CPU)
+    table = measure_latency(runtime, check.sizes, context=context, repeats=repeats, warmup=warmup)
+    tables[f"runtime-{runtime.runtime}"] = [1e3 * s for s in table.seconds]
+    return {"n": check.sizes, "ms": tables, "runtime_setup_s": round(setup_s, 1)}
 
 
 def stage_latency(check: Any) -> tuple[str, dict[str, Any]]:

@@ -74,7 +74,9 @@ def test_each_stage_reports_its_figures(dry_run) -> None:  # type: ignore[no-unt
     assert all(r["max_abs_difference"] == 0 for r in rows if "attention" not in r["case"])
     assert data["benchmarks"]["rows"][0]["median_ms"] > 0
     for name in ("latency", "latency_7b"):
-        assert data[name]["n"] == [0, 1, 2, 3, 4] and len(data[name]["ms"]["sdpa"]) == 5
+        assert data[name]["n"] == [0, 1, 2, 3, 4] and len(data[name]["ms"]["adapter-sdpa"]) == 5
+        runtime = [key for key in data[name]["ms"] if key.startswith("runtime-")]
+        assert len(runtime) == 1 and len(data[name]["ms"][runtime[0]]) == 5
     runs = data["bench"]["runs"]
     assert set(runs) == {"float32 kernels on", "float32 kernels off"}
     assert set(runs["float32 kernels on"]["methods"]) == {

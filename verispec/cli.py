@@ -74,6 +74,12 @@ def _model_options(parser: argparse.ArgumentParser, threads: int | None = None) 
         "weights, static KV cache); hf = the Hugging Face adapter (the reference); auto "
         "(default) = fast where it covers the model",
     )
+    group.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the fast runtime's forward once per tree-size bucket (torch.compile; "
+        "minutes on a small CPU, cached on disk; done before any timing and reported)",
+    )
 
     group.add_argument(
         "--device",
@@ -262,7 +268,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     from verispec.models.runtime import default_dtype
 
     dtype = default_dtype(device) if args.dtype == "auto" else getattr(torch, args.dtype)
-    options = {"runtime": args.runtime}
+    options = {"runtime": args.runtime, "compile": args.compile}
     if args.model == "tiny":
         from verispec.bench.smoke import load_smoke_model
 
@@ -275,6 +281,12 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
         f"verispec: target: {model.runtime_note}; {torch.get_num_threads()} CPU thread(s)",
         file=sys.stderr,
     )
+    warm_up = getattr(model, "warm_up", None)
+    if warm_up is not None and getattr(model, "runtime", "eager").split("+")[0] != "eager":
+        print(
+            f"verispec: building the {model.runtime} forward for every bucket...", file=sys.stderr
+        )
+        print(f"verispec: built in {warm_up():.1f} s (not timed)", file=sys.stderr)
     return model, tokenizer
 
 
@@ -444,8 +456,10 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _untimed_setup(model: Any, runners: dict[str, Any]) -> dict[str, float]:
-    """Seconds each method spent compiling, untimed."""
+    """Seconds spent compiling or capturing, untimed: the target's own, then each method's."""
     setup = {}
+    if getattr(model, "setup_s", 0.0):
+        setup[f"target ({model.runtime})"] = round(float(model.setup_s), 1)
     for label, runner in runners.items():
         seconds = float(getattr(runner, "setup_s", 0.0))
         if seconds:

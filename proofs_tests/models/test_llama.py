@@ -18,10 +18,9 @@ def _causal(model: Transformer, ids: list[int]) -> torch.Tensor:
     The pass attends to 128 slots: the n new ones (causally), then empty ones (masked)."""
     n = len(ids)
     caches = model.setup_caches(128)
-    bias = torch.full((n, 128), float("-inf"), dtype=model.compute_dtype)
-    bias[:, :n].masked_fill_(torch.ones(n, n, dtype=torch.bool).tril_(), 0.0)
+    causal = torch.ones(n, n, dtype=torch.bool).tril_()
     with torch.no_grad():
-        hidden = model(torch.tensor(ids), torch.arange(n), caches, 0, 128, bias)
+        hidden = model(torch.tensor(ids), torch.arange(n), caches, torch.tensor([0, 128]), causal)
         return model.logits(hidden)
 
 

@@ -39,10 +39,11 @@ def load_smoke_model(
     device: str | torch.device = "cpu",
     *,
     runtime: str = "auto",
+    compile: bool = False,
 ) -> tuple[Any, ByteTokenizer]:
     """A 4-layer random Llama over the byte vocabulary, and its :class:`ByteTokenizer`.
 
-    ``runtime`` as for :func:`verispec.models.default.make_target`.
+    ``runtime`` and ``compile`` as for :func:`verispec.models.default.make_target`.
     """
     from verispec.models.default import make_target
     from verispec.models.tiny import tiny_llama
@@ -56,4 +57,4 @@ def load_smoke_model(
         dtype=dtype,
         device=device,
     ).hf_model
-    return make_target(hf_model, runtime=runtime), tokenizer
+    return make_target(hf_model, runtime=runtime, compile=compile), tokenizer

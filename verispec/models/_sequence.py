@@ -122,7 +122,7 @@ class TreeSequenceModel:
         return list(self._pending)
 
     def reset(self) -> None:
-        """Forget the sequence and free its cache."""
+        """Forget the sequence (the model may keep its buffers for the next one)."""
         self._clear()
         self._init_sequence()
 

@@ -111,6 +111,7 @@ def make_target(
     runtime: str = "auto",
     dtype: torch.dtype | str | None = None,
     max_length: int | None = None,
+    compile: bool = False,
 ) -> FastModel | HFModel:
     """Wrap a loaded ``transformers`` causal LM as the decoding target.
 
@@ -123,6 +124,7 @@ def make_target(
             multiplies it natively, else float32; ``None``: the model's own). The adapter
             runs the model in its own dtype.
         max_length: optional cap on the context.
+        compile: compile the runtime's forward per tree-size bucket (see :class:`FastModel`).
 
     The returned model's ``runtime_note`` says which was picked and why.
 
@@ -138,7 +140,7 @@ def make_target(
         note = "HF adapter (asked for with runtime='hf')"
     else:
         try:
-            model = FastModel(hf_model, dtype=dtype, max_length=max_length)
+            model = FastModel(hf_model, dtype=dtype, max_length=max_length, compile=compile)
             note = f"fast runtime ({model.runtime}, {str(model.dtype).replace('torch.', '')})"
         except UnsupportedModelError as error:
             if runtime == "fast":
@@ -156,6 +158,7 @@ def load_default_model(
     *,
     max_length: int | None = None,
     runtime: str = "auto",
+    compile: bool = False,
 ) -> tuple[FastModel | HFModel, Any]:
     """Load SmolLM2-135M-Instruct and its tokenizer.
 
@@ -167,6 +170,8 @@ def load_default_model(
         max_length: optional cap on the context (the model's own is 8192 tokens).
         runtime: ``"auto"`` / ``"fast"``: verispec's fast runtime; ``"hf"``: the Hugging
             Face adapter (sdpa attention), the reference. See :func:`make_target`.
+        compile: compile the runtime's forward per tree-size bucket (call the model's
+            ``warm_up()`` to compile before timing anything).
 
     Returns:
         ``(model, tokenizer)``: a :class:`FastModel` (or an :class:`HFModel`), and a
@@ -192,5 +197,7 @@ def load_default_model(
     )
     hf_model = hf_model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(str(target))
-    model = make_target(hf_model, runtime=runtime, dtype=dtype, max_length=max_length)
+    model = make_target(
+        hf_model, runtime=runtime, dtype=dtype, max_length=max_length, compile=compile
+    )
     return model, tokenizer

@@ -17,11 +17,11 @@ decoder written for one sequence and for tree decoding, after gpt-fast's ``model
 * the attention is explicit: one matrix product of the queries of each key/value
   group against the used slots (no key repeated per head), the mask, and a softmax
   written as matrix products so that its result for a token does not depend on the
-  other tokens of the pass (see :class:`Attention`).
+  other tokens of the pass (see :func:`attend`).
 
 The queries of one forward are any Q tokens at any positions: the pending tokens
 and a draft tree's nodes. They see every committed slot and, among the last slots,
-what an additive ``local_bias`` allows (causal for the pending tokens, ancestors for
+what a boolean ``local_mask`` allows (causal for the pending tokens, ancestors for
 tree nodes).
 
 What makes it fast (weights prepacked for oneDNN, static shapes per tree-size
@@ -50,7 +50,7 @@ from torch.nn import functional as F
 
 from verispec.errors import UnsupportedModelError
 
-__all__ = ["KVCache", "ModelArgs", "Transformer", "from_hf"]
+__all__ = ["KVCache", "ModelArgs", "Transformer", "attend", "attend_static", "from_hf"]
 
 _ARCHITECTURES = {"llama", "qwen2", "mistral"}
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables independent of length
@@ -135,13 +135,13 @@ class RMSNorm(nn.Module):
 
 
 class KVCache(nn.Module):
-    """One layer's keys and values, preallocated, written in place.
+    """One layer's keys and values, preallocated, written in place by :func:`attend`.
 
     Buffers ``k``: Shape: (Hkv, capacity, D) and ``v``: Shape: (Hkv, capacity, D + 1),
     whose last column is all ones, so that one product of softmax weights with ``v``
-    gives both the weighted values and the weights' sum (see :class:`Attention`). Slot
-    ``j`` holds the entry of the token the caller put there; the runtime keeps
-    committed token ``j`` in slot ``j``.
+    gives both the weighted values and the weights' sum (see :func:`attend`). Slot ``j``
+    holds the entry of the token the caller put there; the runtime keeps committed
+    token ``j`` in slot ``j``.
     """
 
     k: torch.Tensor
@@ -155,33 +155,106 @@ class KVCache(nn.Module):
         self.register_buffer("k", torch.zeros(n_kv_heads, capacity, head_dim, dtype=dtype))
         self.register_buffer("v", values)
 
-    def update(
-        self, start: int, k: torch.Tensor, v: torch.Tensor, length: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k``, ``v`` (Shape: (Hkv, Q, D)) into slots ``[start, start + Q)``.
 
-        Returns the keys (Shape: (Hkv, length, D)) and values with their column of ones
-        (Shape: (Hkv, length, D + 1)) of slots ``[0, length)``.
-        """
-        end = start + k.shape[1]
-        self.k[:, start:end] = k
-        self.v[:, start:end, : self.head_dim] = v
-        return self.k[:, :length], self.v[:, :length]
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    where: torch.Tensor,
+    local_mask: torch.Tensor,
+) -> torch.Tensor:
+    """Write the new keys and values into the cache, then attend over the used slots.
+
+    Args:
+        q: Shape: (Q, H, D), rotated. k: Shape: (Q, Hkv, D), rotated. v: Shape: (Q, Hkv, D).
+        cache_k, cache_v: a :class:`KVCache`'s buffers, written in place.
+        where: int64 ``[start, length]``: the new entries go to slots ``[start, start + Q)``
+            and the queries attend to slots ``[0, length)``.
+        local_mask: bool, Shape: (Q, W), True = attend: which of the W slots before
+            ``start + Q`` each query sees; every slot before those is seen by all, every
+            slot from ``start + Q`` on by none.
+
+    Returns:
+        Shape: (Q, H * D).
+
+    The softmax is written out so that a query's result depends only on the keys it sees,
+    in their order, not on how many other queries run with it or where masked slots lie
+    between its keys: the scores are one matrix product (each an independent dot
+    product), the maximum is exact, and the weighted sum of the values and the sum of the
+    weights come from one product (the values carry a column of ones) whose accumulation
+    runs over the slots in order. Where the CPU's kernels have that property (checked by
+    :func:`verispec.models.runtime.row_invariant_kernels`), a tree node's logits equal, bit
+    for bit, those of decoding its path one token at a time.
+    """
+    start, length = (int(i) for i in where.tolist())
+    q_len, heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    cache_k[:, start : start + q_len] = k.transpose(0, 1)
+    cache_v[:, start : start + q_len, :head_dim] = v.transpose(0, 1)
+    keys, values = cache_k[:, :length], cache_v[:, :length]  # (Hkv, S, D), (Hkv, S, D + 1)
+    # The queries of one key/value head side by side: (Hkv, G * Q, D), G = H / Hkv.
+    groups = heads // kv_heads
+    q = q.view(q_len, kv_heads, groups, head_dim).permute(1, 2, 0, 3)
+    scores = torch.bmm(q.reshape(kv_heads, groups * q_len, head_dim), keys.transpose(1, 2))
+    grid = scores.view(kv_heads, groups, q_len, length)  # (Hkv, G, Q, S)
+    width = local_mask.shape[1]
+    visible = start + q_len - width
+    grid[..., visible : visible + width].masked_fill_(~local_mask, float("-inf"))
+    grid[..., visible + width :] = float("-inf")
+    weights = (scores - scores.amax(-1, keepdim=True)).exp_()  # unnormalised softmax
+    summed = torch.bmm(weights, values)  # (Hkv, G * Q, D + 1); last column: the sums
+    out = (summed[..., :head_dim] / summed[..., head_dim:]).view(kv_heads, groups, q_len, -1)
+    return out.permute(2, 0, 1, 3).reshape(q_len, heads * head_dim)
+
+
+def attend_static(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    where: torch.Tensor,
+    local_mask: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`attend` with static shapes and no host read, for CUDA graphs.
+
+    ``where`` is a 0-d int64 tensor on the device: the first slot of the new entries,
+    which see every slot before it and, among themselves, what ``local_mask`` (Shape:
+    (Q, Q)) allows. The queries attend to the whole cache (every later slot masked), so
+    nothing depends on a value read on the host. Same arguments otherwise, same result.
+    """
+    q_len, heads, head_dim = q.shape
+    kv_heads, capacity = k.shape[1], cache_k.shape[1]
+    slots = where + torch.arange(q_len, device=q.device)
+    cache_k.index_copy_(1, slots, k.transpose(0, 1))
+    cache_v[..., :head_dim].index_copy_(1, slots, v.transpose(0, 1))
+    columns = torch.arange(capacity, device=q.device) - where  # < 0: committed
+    local = local_mask[:, columns.clamp(0, q_len - 1)] & (columns >= 0) & (columns < q_len)
+    mask = local | (columns < 0)  # (Q, capacity)
+    groups = heads // kv_heads
+    q = q.view(q_len, kv_heads, groups, head_dim).permute(1, 2, 0, 3)
+    scores = torch.bmm(q.reshape(kv_heads, groups * q_len, head_dim), cache_k.transpose(1, 2))
+    scores = scores.view(kv_heads, groups, q_len, capacity).masked_fill(~mask, float("-inf"))
+    weights = (scores - scores.amax(-1, keepdim=True)).exp_()
+    summed = torch.bmm(weights.view(kv_heads, groups * q_len, capacity), cache_v)
+    out = (summed[..., :head_dim] / summed[..., head_dim:]).view(kv_heads, groups, q_len, -1)
+    return out.permute(2, 0, 1, 3).reshape(q_len, heads * head_dim)
+
+
+def _attend(*args: torch.Tensor) -> torch.Tensor:
+    """:func:`attend`; :func:`attend_static` when ``where`` is a 0-d tensor (CUDA graphs);
+    the opaque operator that calls :func:`attend` inside a compiled graph."""
+    if args[5].dim() == 0:
+        return attend_static(*args)
+    if torch.compiler.is_compiling():
+        return torch.ops.verispec.cached_attention(*args)  # see verispec.models._compiled
+    return attend(*args)
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with rotary positions over the used cache slots.
-
-    The softmax is written out so that a query's result depends only on the keys it
-    sees, in their order, not on how many other queries run with it or where masked
-    slots lie between its keys: the scores are one matrix product (each an independent
-    dot product), the maximum is exact, and the weighted sum of the values and the sum
-    of the weights come from one matrix product (the values carry a column of ones)
-    whose accumulation runs over the slots in order. On CPU BLAS libraries whose products
-    have that property (checked by :func:`verispec.models.runtime.row_invariant_kernels`),
-    a tree node's logits equal, bit for bit, those of decoding its path one token at a
-    time.
-    """
+    """Grouped-query attention with rotary positions over the used cache slots (:func:`attend`)."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -197,35 +270,17 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         cache: KVCache,
-        start: int,
-        length: int,
-        local_bias: torch.Tensor,
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
     ) -> torch.Tensor:
-        """x: (Q, E); cos, sin: (Q, D); local_bias: (Q, W), 0 = attend, -inf = not.
-
-        The new entries go to slots ``[start, start + Q)``; each query attends to slots
-        ``[0, length)``: all before ``length - W``, and of the last W those its bias row
-        allows.
-        """
+        """x: (Q, E); cos, sin: (Q, D); ``where`` and ``local_mask`` as for :func:`attend`."""
         q_len = x.shape[0]
         heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = _matmul(self.wqkv, x)
-        v = qkv[:, (heads + kv_heads) * head_dim :]
         qk = _rope(qkv[:, : (heads + kv_heads) * head_dim].view(q_len, -1, head_dim), cos, sin)
-        q, k = qk[:, :heads], qk[:, heads:]  # (Q, H, D), (Q, Hkv, D)
-        v = v.view(q_len, kv_heads, head_dim)  # (Q, Hkv, D)
-        keys, values = cache.update(start, k.transpose(0, 1), v.transpose(0, 1), length)
-        # The queries of one key/value head side by side: (Hkv, G * Q, D), G = H / Hkv.
-        groups = heads // kv_heads
-        q = q.view(q_len, kv_heads, groups, head_dim).permute(1, 2, 0, 3)
-        q = q.reshape(kv_heads, groups * q_len, head_dim)
-        scores = torch.bmm(q, keys.transpose(1, 2))  # (Hkv, G * Q, S)
-        scores.view(kv_heads, groups, q_len, length)[..., -local_bias.shape[1] :] += local_bias
-        weights = (scores - scores.amax(-1, keepdim=True)).exp_()  # unnormalised softmax
-        summed = torch.bmm(weights, values)  # (Hkv, G * Q, D + 1); last column: the sums
-        out = summed[..., :head_dim] / summed[..., head_dim:]
-        out = out.view(kv_heads, groups, q_len, head_dim).permute(2, 0, 1, 3)
-        return _matmul(self.wo, out.reshape(q_len, heads * head_dim))
+        v = qkv[:, (heads + kv_heads) * head_dim :].view(q_len, kv_heads, head_dim)
+        out = _attend(qk[:, :heads], qk[:, heads:], v, cache.k, cache.v, where, local_mask)
+        return _matmul(self.wo, out)
 
 
 class FeedForward(nn.Module):
@@ -258,12 +313,10 @@ class Block(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         cache: KVCache,
-        start: int,
-        length: int,
-        local_bias: torch.Tensor,
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
     ) -> torch.Tensor:
-        h = self.attention(self.attention_norm(x), cos, sin, cache, start, length, local_bias)
-        h = x + h
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache, where, local_mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -315,9 +368,8 @@ class Transformer(nn.Module):
         tokens: torch.Tensor,
         positions: torch.Tensor,
         caches: list[KVCache],
-        start: int,
-        length: int,
-        local_bias: torch.Tensor,
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
         layers: tuple[int, ...] | None = None,
     ) -> torch.Tensor:
         """The final-normed hidden states of ``tokens``.
@@ -326,11 +378,12 @@ class Transformer(nn.Module):
             tokens: int64, Shape: (Q,).
             positions: int64, Shape: (Q,); the rotary position of each token.
             caches: one per decoder layer run.
-            start: the first cache slot the new entries go to.
-            length: the tokens attend to slots ``[0, length)``, ``length >= start + Q``.
-            local_bias: Shape: (Q, W), the compute dtype; 0 where a token sees one of the
-                last W slots before ``length``, ``-inf`` where it does not (every earlier
-                slot is seen).
+            where: int64 ``[start, length]``: the new entries go to slots
+                ``[start, start + Q)``; the tokens attend to slots ``[0, length)``. A 0-d
+                tensor ``start`` (on the device) attends to the whole cache instead, with
+                static shapes and no host read (:func:`attend_static`, CUDA graphs).
+            local_mask: bool, Shape: (Q, W): which of the W slots before ``start + Q`` each
+                token sees (every earlier slot is seen, every later one is not).
             layers: run only these decoder layers, in order (a self-draft); all if None.
 
         Returns:
@@ -340,7 +393,7 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         blocks = self.blocks if layers is None else [self.blocks[i] for i in layers]
         for block, cache in zip(blocks, caches, strict=True):
-            x = block(x, cos, sin, cache, start, length, local_bias)
+            x = block(x, cos, sin, cache, where, local_mask)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,9 @@ cache is allocated or copied per step (the buffers grow by doubling, rarely).
 What makes it fast is wrapped around the plain forward, in this module, each
 switchable off:
 
+* **Compiled buckets** (optional, ``compile=True``): the forward compiled with
+  ``torch.compile`` once per bucket of tree sizes (:mod:`verispec.models._compiled`);
+  :meth:`FastModel.warm_up` compiles them all up front and says how long it took.
 * **Prepacked weights** (CPU, float32 and bfloat16): every ``nn.Linear`` is replaced by
   :class:`PackedLinear`, whose weight is reordered once into oneDNN's blocked layout.
   On the CPUs measured, oneDNN's product is 1.5-3x faster than the default MKL one for
@@ -17,7 +20,8 @@ switchable off:
   computed with it (checked for every projection shape of the model, see
   docs/runtime.rst), so a token's logits are the same in a 1-node and a 60-node step;
   single rows are padded to two, the smallest shape with that property in float32.
-* **CUDA**: the same code runs on a GPU (no prepacking); see docs/runtime.rst.
+* **CUDA graphs** (on CUDA, by default): one captured forward per bucket, replayed
+  (:mod:`verispec.models._graphs`). The same code runs on a GPU, without prepacking.
 
 bfloat16 is used only where the CPU multiplies it natively (AVX-512 BF16 or AMX):
 ``dtype="auto"`` picks it there and float32 elsewhere (:func:`default_dtype`).
@@ -38,16 +42,22 @@ from verispec.models._sequence import TreeSequenceModel, layer_indices
 from verispec.models.llama import KVCache, Transformer, from_hf
 
 __all__ = [
+    "BUCKETS",
     "FastModel",
     "PackedLinear",
     "bf16_supported",
+    "bucket_for",
     "cpu_features",
     "default_dtype",
     "prepack_linears",
     "row_invariant_kernels",
 ]
 
+BUCKETS: tuple[int, ...] = (2, 4, 8, 12, 16, 20, 24, 32, 48, 64)
+"""New-token counts the compiled and graphed forwards are built for (one graph each)."""
+
 _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
+_COMPILED_CAPACITY = 4096  # compiled mode's first allocation (a new capacity recompiles)
 _PREFILL_CHUNK = 512  # prompt tokens per prefill pass (bounds the score matrix)
 _SLOT_ALIGN = 128  # attended slots are padded to a multiple of this (see _feed_once)
 _MIN_PRODUCT_ROWS = 4  # smallest row count of a product whose rows do not depend on it
@@ -70,6 +80,11 @@ def cpu_features() -> list[str]:
     except OSError:
         pass
     return []
+
+
+def bucket_for(queries: int) -> int:
+    """The smallest bucket holding ``queries`` new tokens (past the last bucket: itself)."""
+    return next((size for size in BUCKETS if queries <= size), queries)
 
 
 def bf16_supported() -> bool:
@@ -173,9 +188,16 @@ class PackedLinear(nn.Module):
         self.weight_dtype = linear.weight.dtype
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.bias = linear.bias
+        self.key: int | None = None  # set when a compiled forward calls it by key
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: Shape: (R, in_features), in ``weight_dtype``."""
+        if torch.compiler.is_compiling():  # an opaque operator inside compiled graphs
+            return torch.ops.verispec.packed_linear(x, self.key)
+        return self.eager(x)
+
+    def eager(self, x: torch.Tensor) -> torch.Tensor:
+        """The oneDNN product itself."""
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
@@ -221,6 +243,13 @@ class FastModel(TreeSequenceModel):
             ``max_position_embeddings``.
         prepack: ``"auto"`` prepacks for oneDNN where it helps (CPU, float32 or native
             bfloat16); ``False`` runs the plain ``nn.Linear`` forward.
+        compile: compile the forward once per tree-size bucket (off by default; see
+            :mod:`verispec.models._compiled`). Call :meth:`warm_up` to compile before use.
+        cuda_graphs: replay the forward from CUDA graphs, one per bucket
+            (:mod:`verispec.models._graphs`); ``"auto"``: on CUDA unless compiling.
+
+    The caches are kept across sequences (``reset`` forgets the tokens, not the
+    buffers), so a second generation allocates nothing.
 
     Raises:
         UnsupportedModelError: an architecture or rotary scaling the runtime does not
@@ -234,6 +263,8 @@ class FastModel(TreeSequenceModel):
         dtype: torch.dtype | str | None = None,
         max_length: int | None = None,
         prepack: bool | str = "auto",
+        compile: bool = False,
+        cuda_graphs: bool | str = "auto",
     ) -> None:
         config = hf_model.config
         context = int(getattr(config, "max_position_embeddings", 2048))
@@ -254,6 +285,13 @@ class FastModel(TreeSequenceModel):
             )
         if prepack not in (True, False, "auto"):
             raise ConfigError(f"`prepack` must be True, False or 'auto'; got {prepack!r}.")
+        if cuda_graphs not in (True, False, "auto"):
+            raise ConfigError(f"`cuda_graphs` must be True, False or 'auto'; got {cuda_graphs!r}.")
+        if cuda_graphs is True and (device.type != "cuda" or compile):
+            raise ConfigError(
+                f"`cuda_graphs=True` needs a CUDA model and compile=False; got {device}"
+                f"{' with compile=True' if compile else ''}."
+            )
         transformer = from_hf(hf_model, dtype=dtype, max_positions=context)  # type: ignore[arg-type]
         weight_dtype = transformer.weight_dtype
         if prepack is True and not _can_prepack(device, weight_dtype):
@@ -265,6 +303,17 @@ class FastModel(TreeSequenceModel):
         if packed:
             prepack_linears(transformer)
         shared = _Shared(transformer, hf_model, packed=packed)
+        if compile:
+            from verispec.models._compiled import CompiledForward, register_linear
+
+            for module in transformer.modules():
+                if isinstance(module, PackedLinear):
+                    module.key = register_linear(module)
+            shared.wrapper = CompiledForward(transformer)
+        elif cuda_graphs is True or (cuda_graphs == "auto" and device.type == "cuda"):
+            from verispec.models._graphs import GraphedForward
+
+            shared.wrapper = GraphedForward(transformer)
         self._setup(shared, context, tuple(range(transformer.args.n_layers)))
 
     @classmethod
@@ -328,8 +377,30 @@ class FastModel(TreeSequenceModel):
 
     @property
     def runtime(self) -> str:
-        """What runs the forward: ``"eager"``, plus ``"+oneDNN"`` if the weights are prepacked."""
-        return "eager" + ("+oneDNN" if self._shared.packed else "")
+        """What runs the forward: ``"eager"``, ``"compiled"`` or ``"cuda-graphs"``, plus
+        ``"+oneDNN"`` if the weights are prepacked."""
+        wrapper = type(self._shared.wrapper).__name__
+        name = {"CompiledForward": "compiled", "GraphedForward": "cuda-graphs"}.get(wrapper)
+        return (name or "eager") + ("+oneDNN" if self._shared.packed else "")
+
+    @property
+    def setup_s(self) -> float:
+        """Seconds spent compiling or capturing graphs so far (0 in eager mode); shared
+        with self-drafts."""
+        wrapper = self._shared.wrapper
+        return 0.0 if wrapper is None else float(wrapper.setup_s)
+
+    def warm_up(self) -> float:
+        """Compile (or capture) every bucket now; return the seconds it took.
+
+        A no-op returning 0 in eager mode. Each self-draft view builds its own graphs with
+        its own ``warm_up``. Call it before timing anything.
+        """
+        wrapper = self._shared.wrapper
+        if wrapper is None:
+            return 0.0
+        self._reserve(1)
+        return float(wrapper.warm_up(self._caches, self._layers_arg))
 
     # -- introspection (tests, debugging) -----------------------------------------------
 
@@ -343,7 +414,7 @@ class FastModel(TreeSequenceModel):
     # -- TreeSequenceModel hooks --------------------------------------------------------
 
     def _clear(self) -> None:
-        self._caches = []
+        """Nothing to free: the buffers serve the next sequence (stale slots are masked)."""
 
     def _compact(self, start: int, source: torch.Tensor) -> None:
         from verispec.kernels.ops import compact_kv
@@ -355,7 +426,7 @@ class FastModel(TreeSequenceModel):
         capacity = self._caches[0].capacity if self._caches else 0
         if slots <= capacity:
             return
-        new_capacity = max(_MIN_CAPACITY, 2 * capacity)
+        new_capacity = max(self._shared.first_capacity(self.max_length), 2 * capacity)
         while new_capacity < slots:
             new_capacity *= 2
         fresh = self.transformer.setup_caches(new_capacity, len(self.layer_indices))
@@ -414,17 +485,15 @@ class FastModel(TreeSequenceModel):
         # slots this pass happens to use.
         length = -(-(start + padded) // _SLOT_ALIGN) * _SLOT_ALIGN
         self._reserve(length)
-        bias = torch.full((padded, length - visible), float("-inf"))
-        bias[:, :width].masked_fill_(local_mask, 0.0)
-        bias = bias.to(self.transformer.compute_dtype)
+        where = torch.tensor([start, length])
+        forward = self._shared.wrapper or self.transformer
         with torch.inference_mode():
-            hidden = self.transformer(
+            hidden = forward(
                 tokens.to(self.device, non_blocking=True),
                 positions.to(self.device, non_blocking=True),
                 self._caches,
-                start,
-                length,
-                bias.to(self.device, non_blocking=True),
+                where,
+                local_mask.to(self.device, non_blocking=True),
                 self._layers_arg,
             )  # (padded, E)
         rows = queries if keep_rows is None else keep_rows
@@ -448,12 +517,13 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 class _Shared:
-    """What a model and its self-draft views share: the weights and the source model."""
+    """What a model and its self-draft views share: weights, the source, compiled graphs."""
 
     def __init__(self, transformer: Transformer, hf_model: Any, *, packed: bool) -> None:
         self.transformer = transformer
         self.hf_model = hf_model
         self.packed = packed
+        self.wrapper: Any = None  # CompiledForward or GraphedForward, or None: eager
         # Every product runs on at least _MIN_PRODUCT_ROWS rows: the projections on Q,
         # the attention products on G * Q (G query heads per key/value head).
         args = transformer.args
@@ -462,7 +532,20 @@ class _Shared:
 
     def bucket(self, queries: int) -> int:
         """Rows one forward computes for ``queries`` tokens (padding included)."""
+        if self.wrapper is not None:
+            return int(self.wrapper.bucket(max(queries, self.min_rows)))
         return max(queries, self.min_rows)
+
+    def first_capacity(self, max_length: int) -> int:
+        """Slots of the first cache allocation: 1,024 in eager mode; 4,096 when compiled
+        (growing recompiles, counted in ``setup_s``); the whole context with CUDA graphs
+        (a graph holds the cache's addresses: it never grows)."""
+        if self.wrapper is None:
+            return _MIN_CAPACITY
+        full = max_length + BUCKETS[-1] + _SLOT_ALIGN
+        if type(self.wrapper).__name__ == "CompiledForward":
+            full = min(full, _COMPILED_CAPACITY)
+        return -(-full // _SLOT_ALIGN) * _SLOT_ALIGN
 
 
 def _eos_token_id(hf_model: Any) -> Any:

@@ -1,0 +1,150 @@
+"""The fast runtime's compiled forward: ``torch.compile`` per tree-size bucket.
+
+:class:`CompiledForward` compiles :meth:`Transformer.forward
+<verispec.models.llama.Transformer.forward>` once per bucket of new-token counts
+(:data:`~verispec.models.runtime.BUCKETS`: a pass of Q tokens runs in the smallest
+bucket that holds it, the extra rows masked), so each compiled graph has static shapes.
+Two parts stay outside the graphs, as opaque custom operators that call the eager code:
+
+* ``verispec::packed_linear`` — the oneDNN product with a prepacked weight
+  (:class:`~verispec.models.runtime.PackedLinear`); inductor's own prepacking would pick
+  MKL for float32, which is slower here and whose rows depend on the row count;
+* ``verispec::cached_attention`` — :func:`~verispec.models.llama.attend`: the cache write
+  and the attention over the used slots, whose count changes every step. Its positions
+  travel in a tensor, so a new position does not recompile.
+
+What inductor compiles and fuses is the rest: the embedding, RMSNorm, the rotary
+embedding, residuals, SwiGLU and the casts around the bfloat16 products. The cache is
+allocated at 4,096 slots; a longer context doubles it and recompiles (counted).
+
+Graphs are cached on disk by inductor's FX graph cache under
+``$VERISPEC_CACHE/inductor`` (default ``~/.cache/verispec/inductor``), so another
+process loads them instead of compiling. :meth:`CompiledForward.warm_up` compiles every
+bucket up front and returns the seconds it took; callers report that instead of timing
+it with an answer. Passes that see a slot range other than the committed cache plus
+themselves (a draft model growing a tree with ``extend_from``) run eagerly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verispec.models.llama import KVCache, Transformer, attend
+from verispec.models.runtime import BUCKETS, bucket_for
+
+__all__ = ["CompiledForward", "register_linear"]
+
+_LINEARS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_KEYS = itertools.count()
+
+
+def register_linear(linear: Any) -> int:
+    """A key under which ``verispec::packed_linear`` finds ``linear`` (held weakly)."""
+    key = next(_KEYS)
+    _LINEARS[key] = linear
+    return key
+
+
+@torch.library.custom_op("verispec::packed_linear", mutates_args=())
+def _packed_linear(x: torch.Tensor, key: int) -> torch.Tensor:
+    return _LINEARS[key].eager(x)
+
+
+@_packed_linear.register_fake
+def _packed_linear_shape(x: torch.Tensor, key: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], _LINEARS[key].out_features))
+
+
+@torch.library.custom_op("verispec::cached_attention", mutates_args=("cache_k", "cache_v"))
+def _cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    where: torch.Tensor,
+    local_mask: torch.Tensor,
+) -> torch.Tensor:
+    return attend(q, k, v, cache_k, cache_v, where, local_mask)
+
+
+@_cached_attention.register_fake
+def _cached_attention_shape(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    where: torch.Tensor,
+    local_mask: torch.Tensor,
+) -> torch.Tensor:
+    return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))
+
+
+def inductor_cache_dir() -> Path:
+    """``$VERISPEC_CACHE/inductor`` if set, else ``~/.cache/verispec/inductor``."""
+    env = os.environ.get("VERISPEC_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "verispec"
+    return root / "inductor"
+
+
+class CompiledForward:
+    """``Transformer.forward``, compiled per bucket of new-token counts (see module docstring).
+
+    Attributes:
+        setup_s: seconds spent compiling (or loading from the disk cache) so far.
+    """
+
+    def __init__(self, transformer: Transformer) -> None:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+        import torch._dynamo
+
+        # One graph per bucket and per layer choice (a self-draft is another graph).
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        self.transformer = transformer
+        self.setup_s = 0.0
+        self._forward = torch.compile(transformer.forward, dynamic=False, fullgraph=True)
+        self._warm: set[tuple[int, Any, int]] = set()
+
+    bucket = staticmethod(bucket_for)
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[KVCache],
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
+        layers: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        """The compiled forward where the pass has a bucket's shape, else the eager one."""
+        queries, width = local_mask.shape
+        if queries != width or queries not in BUCKETS:
+            return self.transformer(tokens, positions, caches, where, local_mask, layers)
+        key = (queries, layers, caches[0].capacity)  # a new capacity recompiles too
+        if key not in self._warm:  # compiles now: counted, never silently
+            start = time.perf_counter()
+            out = self._forward(tokens, positions, caches, where, local_mask, layers)
+            self.setup_s += time.perf_counter() - start
+            self._warm.add(key)
+            return out
+        return self._forward(tokens, positions, caches, where, local_mask, layers)
+
+    def warm_up(self, caches: list[KVCache], layers: tuple[int, ...] | None = None) -> float:
+        """Compile every bucket for these caches (their slots are overwritten); return seconds."""
+        before = self.setup_s
+        for size in BUCKETS:
+            if (size, layers, caches[0].capacity) in self._warm:
+                continue
+            tokens = torch.zeros(size, dtype=torch.long, device=caches[0].k.device)
+            mask = torch.ones(size, size, dtype=torch.bool, device=tokens.device).tril_()
+            with torch.inference_mode():
+                self(tokens, torch.arange(size), caches, torch.tensor([0, 128]), mask, layers)
+        return self.setup_s - before

@@ -1,0 +1,125 @@
+"""CUDA graphs for the fast runtime: one captured forward per tree-size bucket.
+
+On a GPU a step of a small model is a few hundred kernel launches; replaying them from a
+CUDA graph removes the launch overhead. A graph replays fixed kernels on fixed
+addresses, so everything that changes from step to step lives in static buffers that
+are overwritten before each replay: the token ids, their positions, the first cache
+slot (a 0-d tensor on the device) and the ``(Q, Q)`` mask among the new tokens. The
+attention core for this mode is :func:`~verispec.models.llama.attend_static`: it
+writes the cache with ``index_copy_`` at device-side slots and attends to the whole
+cache with a mask built on the device, so no shape depends on the step and nothing is
+read on the host. The cache is allocated once at its full size (a graph holds its
+addresses).
+
+One graph is captured per bucket of new-token counts (:data:`~verispec.models.runtime.BUCKETS`)
+and per layer choice (a self-draft is another graph), on first use or all at once by
+:meth:`GraphedForward.warm_up`. Passes that are not a bucket's shape (a draft model
+growing its tree with ``extend_from``) run eagerly.
+
+``capture=False`` runs the same static-buffer path without capturing: it is how the
+plumbing is tested on a machine without CUDA. Nothing here has run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from verispec.models.llama import KVCache, Transformer
+
+__all__ = ["GraphedForward"]
+
+
+class _Graph:
+    """One bucket's static inputs, its output, and the captured graph (or none)."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.tokens = torch.zeros(size, dtype=torch.long, device=device)
+        self.positions = torch.zeros(size, dtype=torch.long, device=device)
+        self.start = torch.zeros((), dtype=torch.long, device=device)
+        self.mask = torch.ones(size, size, dtype=torch.bool, device=device).tril_()
+        self.graph: Any = None
+        self.out: torch.Tensor | None = None
+
+
+class GraphedForward:
+    """``Transformer.forward`` replayed from one CUDA graph per bucket (see module docstring).
+
+    Attributes:
+        setup_s: seconds spent capturing so far.
+    """
+
+    def __init__(self, transformer: Transformer, *, capture: bool = True) -> None:
+        self.transformer = transformer
+        self.capture = capture
+        self.setup_s = 0.0
+        self._graphs: dict[tuple[int, Any], _Graph] = {}
+
+    @staticmethod
+    def bucket(queries: int) -> int:
+        from verispec.models.runtime import bucket_for
+
+        return bucket_for(queries)
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[KVCache],
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
+        layers: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        """Replay the bucket's graph where the pass has a bucket's shape, else run eagerly."""
+        queries, width = local_mask.shape
+        if queries != width or queries != self.bucket(queries):
+            return self.transformer(tokens, positions, caches, where, local_mask, layers)
+        key = (queries, layers)
+        entry = self._graphs.get(key) or _Graph(queries, caches[0].k.device)
+        self._graphs[key] = entry
+        entry.tokens.copy_(tokens, non_blocking=True)
+        entry.positions.copy_(positions, non_blocking=True)
+        entry.start.fill_(int(where[0]))  # where is on the host: no device read
+        entry.mask.copy_(local_mask, non_blocking=True)
+        if self.capture and entry.graph is None:
+            self._capture(entry, caches, layers)  # with this step's inputs in the buffers
+        if entry.graph is not None:
+            entry.graph.replay()
+            assert entry.out is not None
+            return entry.out
+        return self._run(entry, caches, layers)
+
+    def warm_up(self, caches: list[KVCache], layers: tuple[int, ...] | None = None) -> float:
+        """Capture every bucket's graph now (before any sequence); return the seconds."""
+        from verispec.models.runtime import BUCKETS
+
+        before = self.setup_s
+        for size in BUCKETS:
+            entry = self._graphs.setdefault((size, layers), _Graph(size, caches[0].k.device))
+            if self.capture and entry.graph is None:
+                self._capture(entry, caches, layers)
+        return self.setup_s - before
+
+    def _run(self, entry: _Graph, caches: list[KVCache], layers: Any) -> torch.Tensor:
+        return self.transformer(
+            entry.tokens, entry.positions, caches, entry.start, entry.mask, layers
+        )
+
+    def _capture(self, entry: _Graph, caches: list[KVCache], layers: Any) -> None:
+        start = time.perf_counter()
+        # The warm-up passes run with the buffers' inputs: they write slots
+        # [start, start + size), exactly the slots the replay writes next; committed slots
+        # (before ``start``) are never touched.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.inference_mode(), torch.cuda.stream(stream):
+            for _ in range(2):
+                self._run(entry, caches, layers)
+        torch.cuda.current_stream().wait_stream(stream)
+        entry.graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(entry.graph):
+            entry.out = self._run(entry, caches, layers)
+        torch.cuda.synchronize()
+        self.setup_s += time.perf_counter() - start
