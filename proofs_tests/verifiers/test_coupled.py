@@ -2,12 +2,14 @@
 
 The rule's exactness rests on three facts, each tested here:
 
-1. ``seeded_sample`` is the exponential race ``argmin_v E(seed, t, v) / q(v)`` — checked
-   against Gumbel-max computed independently on the same noise;
-2. the noise ``E(seed, t, v)`` behaves as i.i.d. Exp(1) over tokens, positions and
-   seeds — a Kolmogorov-Smirnov test of the values, and chi-square tests of the draws
-   over seeds and over positions, and of pairs of positions (independence), all at
-   ALPHA = 1e-3 with fixed seeds; so each draw has law ``q`` (the race's theorem);
+1. ``seeded_sample`` is the exponential race by blocks (block ``argmin F_b / Q_b``,
+   then token ``argmin E_v / q_v`` in it) — checked against Gumbel-max by blocks
+   computed independently on the same noise;
+2. the noise behaves as i.i.d. Exp(1) over indices, streams, positions and seeds — a
+   Kolmogorov-Smirnov test of the values, and chi-square tests of the draws over seeds
+   and over positions (one block and four), and of pairs of positions (independence),
+   all at ALPHA = 1e-3 with fixed seeds; so each draw has law ``q`` (the race's
+   theorem, applied to the blocks and then within the block);
 3. the walk over the tree, given independent draws ``x_t ~ q_t`` per position, emits
    the verdict law of the recursive rule for fixed candidates: enumerating every draw
    through the library's own walk (``follow_target``), in float64, gives
@@ -35,6 +37,7 @@ from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DETERMINISTIC, IID, DraftTree, WithoutReplacement
 from verispec.errors import ConfigError, TreeStructureError
 from verispec.verifiers import (
+    BLOCK,
     Coupled,
     Greedy,
     RecursiveRejection,
@@ -62,21 +65,47 @@ def chi_square_p_value(counts: Counter, probs: dict, draws: int) -> float:
     return float(chisquare(observed, [e * scale for e in expected]).pvalue)
 
 
-# -- 1. the draw is the exponential race on the noise ---------------------------------
+# -- 1. the draw is the two-level exponential race on the noise ----------------------
+
+
+def reference_draw(target: torch.Tensor, seed: int, position: int) -> int:
+    """Gumbel-max by blocks, written independently: the block of largest log Q_b + G_b,
+    then the token of largest log q_v + G_v in it, with G = -log E of the noise."""
+    size = target.shape[0]
+    starts = list(range(0, size, BLOCK))
+    block = 0
+    if len(starts) > 1:
+        masses = torch.tensor([math.fsum(target[a : a + BLOCK].tolist()) for a in starts])
+        gumbel = -position_noise(seed, position, 0, len(starts)).log()
+        block = int((masses.log() + gumbel).argmax())
+    inside = target[starts[block] : starts[block] + BLOCK].double()
+    gumbel = -position_noise(seed, position, block + 1, inside.shape[0]).log()
+    return starts[block] + int((inside.log() + gumbel).argmax())  # log 0 = -inf: never
 
 
 @settings(max_examples=60)
-@given(data=st.data())
-def test_seeded_sample_is_gumbel_max_on_its_noise(data: st.DataObject) -> None:
-    """seeded_sample equals argmax(log q + G) with G = -log E the same position's Gumbels."""
-    size = data.draw(vocab_sizes(2, 40))
-    target = data.draw(distributions(size))
-    seed = data.draw(st.integers(0, 2**64 - 1))
-    position = data.draw(st.integers(0, 2**40))
-    gumbel = -position_noise(seed, position, size).log()
-    expected = int((target.log() + gumbel).argmax())  # log 0 = -inf: never chosen
+@given(
+    size=st.one_of(st.integers(2, 40), st.integers(BLOCK - 1, 3 * BLOCK + 7)),
+    weights_seed=st.integers(0, 2**31),
+    sparsity=st.sampled_from([0.0, 0.5, 0.97]),
+    seed=st.integers(0, 2**64 - 1),
+    position=st.integers(0, 2**40),
+)
+def test_seeded_sample_is_the_two_level_race_on_its_noise(
+    size: int, weights_seed: int, sparsity: float, seed: int, position: int
+) -> None:
+    """seeded_sample equals Gumbel-max by blocks (then within the block) on its noise, for
+    one block and for several (a short last block included), float64 and float32 weights."""
+    generator = torch.Generator().manual_seed(weights_seed)
+    target = torch.rand(size, generator=generator, dtype=torch.float64) ** 3
+    target[torch.rand(size, generator=generator) < sparsity] = 0.0
+    target[int(torch.randint(size, (1,), generator=generator))] += 0.01  # some mass
+    expected = reference_draw(target, seed, position)
+    assert target[expected] > 0
     assert seeded_sample(target, seed, position) == expected
-    assert seeded_sample(target.float(), seed, position) == expected  # float32 weights too
+    assert seeded_sample(target.float(), seed, position) == reference_draw(
+        target.float(), seed, position
+    )
 
 
 def test_point_mass_is_always_drawn() -> None:
@@ -86,33 +115,41 @@ def test_point_mass_is_always_drawn() -> None:
     assert {seeded_sample(target, seed, 7 * seed) for seed in range(20)} == {31337}
 
 
-# -- 2. the noise: a pure function of (seed, position, token), i.i.d. Exp(1) ----------
+# -- 2. the noise: a pure function of (seed, position, stream, index), i.i.d. Exp(1) --
 
 
-def test_noise_is_a_pure_function_of_seed_position_and_token() -> None:
-    """Same key, same noise; another seed or position, other noise; token v's value
-    does not depend on the vocabulary size."""
-    a = position_noise(5, 100, 49152)
-    assert torch.equal(a, position_noise(5, 100, 49152))
-    assert torch.equal(a[:7], position_noise(5, 100, 7))
-    assert not torch.equal(a[:7], position_noise(5, 101, 7))
-    assert not torch.equal(a[:7], position_noise(6, 100, 7))
+def test_noise_is_a_pure_function_of_its_key() -> None:
+    """Same key, same noise; another seed, position or stream, other noise; value i does
+    not depend on how many values are asked for."""
+    a = position_noise(5, 100, 3, 1000)
+    assert torch.equal(a, position_noise(5, 100, 3, 1000))
+    assert torch.equal(a[:7], position_noise(5, 100, 3, 7))
+    for other in [(5, 101, 3), (6, 100, 3), (5, 100, 4)]:
+        assert not torch.equal(a[:7], position_noise(*other, 7))
     assert a.dtype == torch.float64 and bool((a > 0).all()) and bool(a.isfinite().all())
 
 
 def test_noise_values_are_exponential() -> None:
-    """Noise values over 200 positions x 500 tokens pass a KS test against Exp(1)."""
-    values = torch.cat([position_noise(2024, t, 500) for t in range(200)])
+    """Noise values over 100 positions x 2 streams x 500 indices pass a KS test
+    against Exp(1)."""
+    values = torch.cat([position_noise(2024, t, b, 500) for t in range(100) for b in (0, 7)])
     assert kstest(values.numpy(), "expon").pvalue > ALPHA
 
 
+WIDE = torch.zeros(1000, dtype=torch.float64)  # 4 blocks, the last one short (232 tokens)
+WIDE[[3, 200, 255, 256, 300, 511, 700, 999]] = torch.tensor(
+    [0.1, 0.05, 0.2, 0.15, 0.05, 0.1, 0.25, 0.1], dtype=torch.float64
+)
+
+
 @pytest.mark.parametrize("over", ["seeds", "positions"])
-def test_draws_over_seeds_or_positions_follow_the_target(over: str) -> None:
+@pytest.mark.parametrize("target", [TARGET, WIDE], ids=["V=7", "V=1000"])
+def test_draws_over_seeds_or_positions_follow_the_target(over: str, target: torch.Tensor) -> None:
     """20,000 draws at one position over seeds, or at one seed over positions, pass
-    chi-square against q (zeros included)."""
+    chi-square against q (zeros included; V = 1000 spans four blocks)."""
     keys = [(s, 41) if over == "seeds" else (9, s) for s in range(DRAWS)]
-    counts = Counter(seeded_sample(TARGET, seed, position) for seed, position in keys)
-    probs = dict(enumerate(TARGET.tolist()))
+    counts = Counter(seeded_sample(target, seed, position) for seed, position in keys)
+    probs = dict(enumerate(target.tolist()))
     assert chi_square_p_value(counts, probs, DRAWS) > ALPHA
 
 
@@ -343,7 +380,12 @@ def test_bad_constructor_arguments(kwargs: dict, match: str) -> None:
 
 @pytest.mark.parametrize(
     ("args", "match"),
-    [((-1, 0, 4), "`seed`"), ((0, 2**64, 4), "`position`"), ((0, 0, 0), "`vocab_size`")],
+    [
+        ((-1, 0, 0, 4), "`seed`"),
+        ((0, 2**64, 0, 4), "`position`"),
+        ((0, 0, -1, 4), "`stream`"),
+        ((0, 0, 0, 0), "`count`"),
+    ],
 )
 def test_noise_arguments_are_checked(args: tuple, match: str) -> None:
     """position_noise names the argument out of range."""

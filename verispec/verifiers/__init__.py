@@ -17,11 +17,12 @@ every tree at temperature > 0: exact, but without seeded identity across drafter
 from verispec.core.sampling import SamplingParams
 from verispec.core.types import Verifier
 from verispec.verifiers._rules import RowRejection, verdict_distribution
-from verispec.verifiers.coupled import Coupled, position_noise, seeded_sample
+from verispec.verifiers.coupled import BLOCK, Coupled, position_noise, seeded_sample
 from verispec.verifiers.greedy import Greedy
 from verispec.verifiers.recursive import RecursiveRejection
 
 __all__ = [
+    "BLOCK",
     "Coupled",
     "Greedy",
     "RecursiveRejection",

@@ -8,15 +8,17 @@ sequence by the Gumbel-max trick, with noise that depends only on ``(seed, t)``:
 
 where ``q_t`` is the processed target distribution at that position
 (:meth:`~verispec.core.sampling.SamplingParams.probs`: temperature, top-k, top-p,
-min-p) and ``U(seed, t, v)`` is a counter-based uniform (Philox4x64-10, Salmon et
-al. 2011, keyed by the seed, counter by the position). For a tree of
+min-p) and ``U`` is a counter-based uniform (Philox4x64-10, Salmon et al. 2011, key
+the seed, counter the position). The race is run in two levels, blocks of 256 tokens
+then the tokens of the winning block (:func:`seeded_sample`), which has the same law
+and needs about 450 noise values instead of V. For a tree of
 ``Deterministic`` candidates it walks down from the root: at the row of depth ``d``
 (absolute position ``t = position + d``) the child whose token equals ``x_t`` is
 accepted and becomes the next row; the first row with no such child ends the step
 with ``x_t`` as its extra token.
 
-*Exact.* Given the past, the ``E(seed, t, v)`` are i.i.d. Exp(1), so ``x_t`` is an
-exact draw from ``q_t`` (the exponential race: ``P(argmin E_v / q_v = v) = q_v``), and
+*Exact.* Given the past, the noise values are i.i.d. Exp(1), so ``x_t`` is an exact
+draw from ``q_t`` (the exponential race: ``P(argmin_v E_v / q_v = v) = q_v``), and
 the noise at ``t`` is used by exactly one row — the committed token at ``t`` — so
 the committed sequence has the target's autoregressive law. A child ``c_i`` of a row
 is accepted with probability ``q(c_i)``, as under the recursive rule for point-mass
@@ -32,8 +34,8 @@ Trees with a sampled proposal law (``IID``, ``WithoutReplacement``: draft-model
 trees) or a mix of laws go to the fallback verifier, recursive rejection sampling
 by default: coupling a sampled draft to this noise would cost it acceptance.
 
-Cost: one Philox row of V uniforms and one processed target row per *visited* row
-(about MAT rows per step), never the whole tree.
+Cost per *visited* row (about MAT rows per step, never the whole tree): one processed
+target row, its block masses, and about 450 Philox values.
 
 Shape glossary (docs/glossary): N tree nodes, V vocabulary.
 """
@@ -52,7 +54,7 @@ from verispec.errors import ConfigError
 from verispec.verifiers._rules import check_target_logits, follow_target
 from verispec.verifiers.recursive import RecursiveRejection
 
-__all__ = ["Coupled", "position_noise", "seeded_sample"]
+__all__ = ["BLOCK", "Coupled", "position_noise", "seeded_sample"]
 
 _SEED_LIMIT = 1 << 64
 _POSITION_LIMIT = 1 << 64
@@ -64,39 +66,58 @@ def _check_key(name: str, value: object, limit: int) -> int:
     return int(value)
 
 
-def position_noise(seed: int, position: int, vocab_size: int) -> torch.Tensor:
-    """The exponential noise of one position: ``E[v] = -log U(seed, position, v)``.
+BLOCK = 256  # tokens per block of the two-level race
 
-    ``U(seed, position, v)`` is the ``v``-th 64-bit output of Philox4x64-10 with key
-    ``seed`` and counter ``position * 2**64`` (each position owns a disjoint counter
-    range), mapped to ``(k + 1/2) / 2**53`` with ``k`` its top 53 bits, so ``U`` is in
-    (0, 1) and ``E`` is finite and positive. A pure function of its arguments:
-    nothing is consumed, and any device or process computes the same values.
+
+def position_noise(seed: int, position: int, stream: int, count: int) -> torch.Tensor:
+    """Exponential noise of one position: ``E[i] = -log U(seed, position, stream, i)``.
+
+    ``U(seed, position, stream, i)`` is the ``i``-th 64-bit output of Philox4x64-10
+    (Salmon et al. 2011) with key ``seed`` and counter ``position * 2**128 + stream *
+    2**64`` (each (position, stream) owns a disjoint counter range), mapped to
+    ``(k + 1/2) / 2**53`` with ``k`` its top 53 bits, so ``U`` is in (0, 1) and ``E`` is
+    finite and positive. A pure function of its arguments: nothing is consumed, and
+    any device or process computes the same values. Stream 0 races the blocks of a
+    position, stream ``b + 1`` the tokens of block ``b`` (:func:`seeded_sample`).
 
     Args:
         seed: integer in [0, 2**64).
         position: absolute position of the token in the sequence, in [0, 2**64).
-        vocab_size: V >= 1.
+        stream: integer in [0, 2**64).
+        count: how many values, >= 1.
 
     Returns:
-        float64, Shape: (V,), on the CPU.
+        float64, Shape: (count,), on the CPU.
     """
     seed = _check_key("seed", seed, _SEED_LIMIT)
     position = _check_key("position", position, _POSITION_LIMIT)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ConfigError(f"`vocab_size` must be an integer >= 1; got {vocab_size!r}.")
-    bits = np.random.Philox(key=seed, counter=position << 64).random_raw(vocab_size)
+    stream = _check_key("stream", stream, _POSITION_LIMIT)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"`count` must be an integer >= 1; got {count!r}.")
+    counter = (position << 128) | (stream << 64)
+    bits = np.random.Philox(key=seed, counter=counter).random_raw(count)
     uniform = (bits >> np.uint64(11)).astype(np.float64)
     uniform += 0.5
     uniform *= 2.0**-53
     return torch.from_numpy(np.log(uniform)).neg_()
 
 
+def _race(noise: torch.Tensor, weights: torch.Tensor) -> int:
+    """``argmin_i noise[i] / weights[i]`` over ``weights > 0``: index ``i`` w.p. ∝ weights[i]."""
+    return int((noise / weights.to(device="cpu", dtype=torch.float64)).argmin())  # 1/0 = inf
+
+
 def seeded_sample(target_probs: torch.Tensor, seed: int, position: int) -> int:
     """The target's token at ``position`` for ``seed``: an exact draw from ``target_probs``.
 
-    ``argmin_v E[v] / q[v]`` over the tokens with ``q[v] > 0`` (the exponential race,
-    equivalent to Gumbel-max), with ``E = position_noise(seed, position, V)``.
+    A two-level exponential race (Gumbel-max by blocks): the vocabulary is cut into
+    blocks of :data:`BLOCK` tokens with masses ``Q_b``; block ``b* = argmin_b F_b / Q_b``
+    with ``F = position_noise(seed, position, 0, #blocks)``, then the token
+    ``argmin_{v in b*} E_v / q_v`` with ``E = position_noise(seed, position, b* + 1, |b*|)``.
+    Block ``b`` wins with probability ``Q_b / sum Q`` and token ``v`` of it with
+    ``q_v / Q_b``, so ``v`` is drawn with probability ``q_v / sum q`` — the law of a
+    one-level race over all V tokens, at the cost of about ``V / BLOCK + BLOCK`` noise
+    values instead of V. Block masses are summed in float64.
 
     Args:
         target_probs: float, Shape: (V,). Non-negative weights with positive mass
@@ -104,11 +125,21 @@ def seeded_sample(target_probs: torch.Tensor, seed: int, position: int) -> int:
         seed, position: the key of the noise (see :func:`position_noise`).
 
     Returns:
-        The token id. One host sync.
+        The token id. One host sync (two with more than one block).
     """
-    noise = position_noise(seed, position, target_probs.shape[-1]).to(target_probs.device)
-    race = noise / target_probs.to(torch.float64)  # +inf where q = 0: never the minimum
-    return int(race.argmin())
+    vocab_size = target_probs.shape[-1]
+    blocks = -(-vocab_size // BLOCK)
+    block = 0
+    if blocks > 1:
+        full = (vocab_size // BLOCK) * BLOCK
+        mass = target_probs[:full].view(-1, BLOCK).sum(1, dtype=torch.float64)  # (V // BLOCK,)
+        if full < vocab_size:
+            tail = target_probs[full:].sum(dtype=torch.float64).reshape(1)
+            mass = torch.cat([mass, tail])
+        block = _race(position_noise(seed, position, 0, blocks), mass)
+    start = block * BLOCK
+    inside = target_probs[start : start + BLOCK]  # (<= BLOCK,)
+    return start + _race(position_noise(seed, position, block + 1, inside.shape[0]), inside)
 
 
 def _all_deterministic(tree: DraftTree) -> bool:
