@@ -103,7 +103,9 @@ def generation_config(config: object, overrides: dict[str, Any]) -> GenerationCo
 
 
 def token_id_list(prompt: object) -> list[int]:
-    """Token ids from a 1-D integer tensor or a flat sequence of integers."""
+    """Token ids from a 1-D integer tensor or array, or a flat sequence of integers."""
+    if not isinstance(prompt, torch.Tensor | Sequence) and hasattr(prompt, "__array__"):
+        prompt = torch.as_tensor(prompt)  # a NumPy array: checked as a tensor
     if isinstance(prompt, torch.Tensor):
         if prompt.dtype == torch.bool or prompt.is_floating_point() or prompt.is_complex():
             raise ConfigError(
