@@ -26,7 +26,7 @@ DRAFTERS: dict[str, Callable[[int], Drafter]] = {
     "tr": lambda vocab_size: TokenRecycling(template="16", vocab_size=vocab_size),
     "dtr": lambda vocab_size: DynamicTokenRecycling(budget=16, vocab_size=vocab_size),
 }
-TEMPERATURES = [0.7, 1.0]
+TEMPERATURES = (0.7, 1.0)
 TOP_P = 0.9
 
 
@@ -36,13 +36,18 @@ def tiny() -> LanguageModel:
 
 
 def generate_all(
-    model: LanguageModel, prompt: list[int], seeds: range, tokens: int, verifier=None
+    model: LanguageModel,
+    prompt: list[int],
+    seeds: range,
+    tokens: int,
+    verifier=None,
+    temperatures: tuple[float, ...] = TEMPERATURES,
 ) -> tuple[dict[tuple[str, float, int, int], list[int]], int]:
     """Tokens per (method, temperature, seed, call), and the draft tokens accepted."""
     out: dict[tuple[str, float, int, int], list[int]] = {}
     accepted = 0
     settings = {"max_new_tokens": tokens, "top_p": TOP_P, "eos_token_ids": []}
-    for temperature in TEMPERATURES:
+    for temperature in temperatures:
         ar = verispec.SpeculativeDecoder(model, None, verifier)
         for seed in seeds:
             result = ar.generate(prompt, temperature=temperature, seed=seed, **settings)
@@ -83,13 +88,13 @@ def test_recursive_rejection_does_not_reproduce_plain_sampling(tiny: LanguageMod
 @pytest.mark.slow
 def test_smollm2_fixed_candidate_drafters_reproduce_plain_sampling() -> None:
     """On SmolLM2-135M (float32), pld, tr and dtr generate ar's 24 tokens for seeds 0-1 at
-    temperatures 0.7 and 1.0 with top-p 0.9, on two calls each, while drafts are accepted."""
+    temperature 1.0 with top-p 0.9, on two calls each, while drafts are accepted."""
     model, tokenizer = verispec.load_default_model()
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "List the planets of the solar system, one per line."}],
         add_generation_prompt=True,
     )
     ids = list(prompt["input_ids"]) if hasattr(prompt, "keys") else list(prompt)
-    out, accepted = generate_all(model, ids, range(2), 24)
+    out, accepted = generate_all(model, ids, range(2), 24, temperatures=(1.0,))
     assert differing(out) == []
     assert accepted > 20
