@@ -132,7 +132,7 @@ def seeded_sample(target_probs: torch.Tensor, seed: int, position: int) -> int:
     block = 0
     if blocks > 1:
         full = (vocab_size // BLOCK) * BLOCK
-        mass = target_probs[:full].view(-1, BLOCK).sum(1, dtype=torch.float64)  # (V // BLOCK,)
+        mass = target_probs[:full].reshape(-1, BLOCK).sum(1, dtype=torch.float64)  # (V // BLOCK,)
         if full < vocab_size:
             tail = target_probs[full:].sum(dtype=torch.float64).reshape(1)
             mass = torch.cat([mass, tail])
