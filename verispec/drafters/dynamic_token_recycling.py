@@ -214,14 +214,13 @@ class DynamicTokenRecycling:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"`{name}` must be an integer >= {low}; got {value!r}.")
-        for name, value, ok in (
-            ("decay", decay, lambda v: 0 < v <= 1),
-            ("prior_strength", prior_strength, lambda v: 0 < v < math.inf),
+        for name, real, high, allowed in (
+            ("decay", decay, 1.0, "in (0, 1]"),
+            ("prior_strength", prior_strength, math.inf, "a finite number > 0"),
         ):
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not number or not ok(value):
-                allowed = "in (0, 1]" if name == "decay" else "a finite number > 0"
-                raise ConfigError(f"`{name}` must be {allowed}; got {value!r}.")
+            number = isinstance(real, int | float) and not isinstance(real, bool)
+            if not number or not 0 < real <= high or real == math.inf:
+                raise ConfigError(f"`{name}` must be {allowed}; got {real!r}.")
         if not isinstance(fusion, bool):
             raise ConfigError(f"`fusion` must be True or False; got {fusion!r}.")
         self.budget = budget
