@@ -22,7 +22,7 @@ from verispec.bench.registry import parse_method
 from verispec.bench.runner import make_context
 from verispec.core import IID, DecodeState, DraftTree, SamplingParams, WithoutReplacement
 from verispec.core.engine import SpeculativeDecoder
-from verispec.verifiers import Greedy, RecursiveRejection
+from verispec.verifiers import Coupled, Greedy, RecursiveRejection
 
 V = 49152
 N = 80
@@ -262,6 +262,17 @@ def test_stochastic_verify(benchmark: Any, tr_tree: DraftTree, law: str) -> None
     verifier = RecursiveRejection()
     generator = torch.Generator().manual_seed(4)
     verdict = benchmark(verifier.verify, tree, logits, SAMPLED, generator)
+    benchmark.extra_info["accepted"] = len(verdict.accepted)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_coupled_verify(benchmark: Any, tr_tree: DraftTree, top_p: float) -> None:
+    """Time Coupled.verify (the default at T > 0 for fixed candidates) at temperature 1:
+    one processed row and one Philox row of V uniforms per visited row."""
+    logits = _logits_accepting(tr_tree, depth=5)
+    sampling = SamplingParams(temperature=1.0, top_p=top_p)
+    generator = torch.Generator().manual_seed(4)
+    verdict = benchmark(Coupled().verify, tr_tree, logits, sampling, generator, position=100)
     benchmark.extra_info["accepted"] = len(verdict.accepted)
 
 

@@ -71,7 +71,7 @@ def test_methods_lists_every_registered_method(capsys: pytest.CaptureFixture[str
         (["bench", "--limit", "0"], "`--limit` must be >= 1"),
         (["bench", "--questions", "no/such/file.jsonl"], "no/such/file.jsonl"),
         (["bench", "--categories", "poetry"], "'poetry' does not occur"),
-        (["bench", "--temperature", "-1"], "`--temperature` must be >= 0"),
+        (["bench", "--temperature", "-1"], "argument --temperature: must be in [0, inf)"),
         (["bench", "--json", "no/such/dir/out.json"], "does not exist"),
         (["generate", "--method", "ar,hf", "--prompt", "x"], "takes one method spec"),
         (["generate", "--method", "tr", "--prompt", "  "], "`--prompt` must not be empty"),
@@ -110,10 +110,10 @@ def test_a_malformed_questions_file_names_the_line(
 
 
 def test_argparse_rejects_non_numbers(capsys: pytest.CaptureFixture[str]) -> None:
-    """A non-integer `--max-new-tokens` is a usage error (status 2)."""
-    with pytest.raises(SystemExit) as info:
-        cli.main(["bench", "--max-new-tokens", "lots"])
-    assert info.value.code == 2
+    """A non-integer `--max-new-tokens` is a usage error: one line, status 2."""
+    assert cli.main(["bench", "--max-new-tokens", "lots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "argument --max-new-tokens: must be an integer" in err
 
 
 def test_tiny_bench_writes_json_markdown_and_png(
@@ -170,3 +170,91 @@ def test_generate_prints_the_answer_and_its_statistics(
     assert "tokens: " in text and "tokens/s" in text
     assert "mean accepted tokens per step (MAT)" in text
     assert "time: draft" in text
+
+
+def _records_with_one_answer(tmp_path: Path) -> Path:
+    """A records file holding one answer of an earlier run."""
+    path = tmp_path / "old.records.jsonl"
+    header = {"format": "verispec-bench-records/1", "config": {}}
+    answer = {"question_id": 1, "turn": 0, "method": "ar", "category": "qa", "result": {}}
+    path.write_text(json.dumps(header) + "\n" + json.dumps(answer) + "\n")
+    return path
+
+
+_NO_CUDA = [] if torch.cuda.is_available() else [(["bench", "--device", "cuda"], "`--device cuda`")]
+
+# (argv, text the one error line must contain: the argument it names)
+BAD_CLI_INPUT = [
+    (["bench", "--json", "/proc/verispec-report.json"], "`--json` must be writable"),
+    (["bench", "--markdown", "/proc/report.md"], "`--markdown` must be writable"),
+    (["bench", "--records", "/proc/r.jsonl"], "`--records` must be writable"),
+    (["bench", "--device", "bogus"], "`--device` must be auto, cpu, cuda"),
+    (["bench", "--device", "cuda:99"], "`--device"),
+    *_NO_CUDA,
+    (["generate", "--prompt", "x", "--device", "bogus"], "`--device` must be"),
+    (["bench", "--seed", str(2**70)], "argument --seed: must be in [0, 2**64)"),
+    (["bench", "--seed", "1.5"], "argument --seed: must be an integer"),
+    (["bench", "--seed", "-1"], "argument --seed: must be in [0, 2**64)"),
+    (["generate", "--prompt", "x", "--seed", "1.5"], "argument --seed"),
+    (["bench", "--top-p", "1.5"], "argument --top-p: must be in (0, 1]"),
+    (["bench", "--top-p", "0"], "argument --top-p: must be in (0, 1]"),
+    (["bench", "--top-k", "-1"], "argument --top-k: must be >= 0"),
+    (["bench", "--min-p", "1"], "argument --min-p: must be in [0, 1)"),
+    (["generate", "--prompt", "x", "--top-p", "nan"], "argument --top-p"),
+    (["bench", "--temperature", "inf"], "argument --temperature"),
+    (["bench", "--verifier", "coupled"], "argument --verifier: invalid choice"),
+    (["bench", "--resume"], "`--resume` needs the records"),
+    (["bench", "--threads", "0"], "argument --threads: must be >= 1"),
+    (["bench", "--dtype", "float8"], "argument --dtype: invalid choice"),
+    (["bench", "--methods", "tr:template=7"], "`tr:template` must be one of"),
+    (["report", "no/such/report.json"], "`no/such/report.json` must be an existing"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"), BAD_CLI_INPUT, ids=[" ".join(b[0]) for b in BAD_CLI_INPUT]
+)
+def test_bad_cli_input_is_one_line_naming_the_argument(
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each bad input exits with status 2 before the model loads, printing one line on
+    stderr that names the option (and no traceback)."""
+
+    def no_model(args: object) -> None:
+        raise AssertionError("the model was loaded before the bad input was reported")
+
+    monkeypatch.setattr(cli, "_load", no_model)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"verispec {argv[0]}: error:"), err
+    assert message in err and "Traceback" not in err
+
+
+def test_existing_records_are_not_replaced_without_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A records file that holds answers makes `bench` stop (status 2) unless --resume."""
+    path = _records_with_one_answer(tmp_path)
+    assert cli.main(["bench", "--model", "tiny", "--records", str(path)]) == 2
+    assert "pass --resume to continue it" in capsys.readouterr().err
+    assert path.read_text().count("\n") == 2  # untouched
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--device", "bogus"],
+        ["bench", "--json", "/proc/verispec-report.json"],
+    ],
+    ids=["device", "json"],
+)
+def test_the_installed_command_prints_no_traceback(argv: list[str]) -> None:
+    """`python -m verispec` with a bad input exits 2 with one line on stderr, no traceback."""
+    out = subprocess.run(
+        [sys.executable, "-m", "verispec", *argv], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr

@@ -10,13 +10,18 @@ answers one prompt with one method and prints its statistics. ``verispec methods
 lists the method specs and their parameters.
 
 Errors a user can fix (an unknown method, a malformed questions file,
-``--limit 0``...) print one line and exit with status 2 before the model loads;
-output files are written atomically, and only after the run succeeds.
+``--limit 0``, ``--device cuda`` without CUDA, an output directory that cannot be
+written...) print one line on stderr and exit with status 2 before the model
+loads; no traceback. Report files are written atomically, and only after the run
+succeeds; ``bench`` also appends every finished answer to a records file as it
+goes (``--records``, by default beside ``--json``), from which ``--resume``
+continues a run that was killed.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -48,6 +53,40 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0; got {value}")
     return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer; got {text!r}") from None
+    if not 0 <= value < 1 << 64:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**64); got {value}")
+    return value
+
+
+def _number(low: float, high: float, low_open: bool, high_open: bool, shown: str) -> Any:
+    """An argparse type for a finite float in an interval written ``shown``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number; got {text!r}") from None
+        below = value <= low if low_open else value < low
+        above = value >= high if high_open else value > high
+        if not math.isfinite(value) or below or above:
+            raise argparse.ArgumentTypeError(f"must be in {shown}; got {text}")
+        return value
+
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line (status 2), like verispec's own errors."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def _model_options(parser: argparse.ArgumentParser, threads: int | None = None) -> None:
@@ -133,13 +172,48 @@ def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
     )
     group.add_argument(
         "--temperature",
-        type=float,
+        type=_number(0.0, math.inf, False, True, "[0, inf)"),
         default=0.0,
         metavar="T",
         help="0 = greedy (default); > 0 samples",
     )
     group.add_argument(
-        "--seed", type=int, default=0, metavar="S", help="seed of every random draw (default 0)"
+        "--top-k",
+        type=_non_negative_int,
+        default=0,
+        metavar="K",
+        help="sample from the K most likely tokens (default 0: all)",
+    )
+    group.add_argument(
+        "--top-p",
+        type=_number(0.0, 1.0, True, False, "(0, 1]"),
+        default=1.0,
+        metavar="P",
+        help="sample from the smallest set of tokens with mass >= P (default 1: all)",
+    )
+    group.add_argument(
+        "--min-p",
+        type=_number(0.0, 1.0, False, True, "[0, 1)"),
+        default=0.0,
+        metavar="P",
+        help="drop tokens below P times the most likely one (default 0: none)",
+    )
+    group.add_argument(
+        "--seed",
+        type=_seed,
+        default=0,
+        metavar="S",
+        help="seed of every random draw, in [0, 2**64) (default 0); with the default "
+        "verifier, methods whose drafts are fixed candidates (ar, pld, tr, dtr) give "
+        "the same text for the same seed",
+    )
+    group.add_argument(
+        "--verifier",
+        choices=("default", "recursive"),
+        default="default",
+        help="acceptance rule at T > 0: default (seeded identity for fixed-candidate "
+        "trees, recursive rejection for draft-model trees) or recursive (recursive "
+        "rejection for every tree)",
     )
     group.add_argument(
         "--chat",
@@ -150,7 +224,7 @@ def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="verispec",
         description="Lossless speculative decoding with draft trees.",
     )
@@ -202,6 +276,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="warm-up answers per method, not measured (default 1)",
     )
     _report_outputs(bench)
+    bench.add_argument(
+        "--records",
+        metavar="PATH",
+        help="append every finished answer to this JSON Lines file as it is produced "
+        "(default: beside --json, e.g. out.records.jsonl)",
+    )
+    bench.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the answers already in the records file (of an interrupted run with "
+        "the same settings) and generate only the others",
+    )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     _generation_options(bench, 128)
     _model_options(bench, threads=DEFAULT_BENCH_THREADS)
@@ -257,14 +343,45 @@ def _report_outputs(
 # -- shared helpers -------------------------------------------------------------------
 
 
+def _device(text: str) -> str:
+    """The device ``--device`` names, checked to exist here (``auto``: cuda if available)."""
+    import torch
+
+    from verispec.errors import ConfigError
+
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"`--device` must be auto, cpu, cuda, cuda:N or mps; got {text!r}.")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(
+                f"`--device {text}` needs CUDA, which this torch ({torch.__version__}) "
+                "cannot use here; use --device cpu."
+            )
+        if device.index is not None and device.index >= count:
+            raise ConfigError(
+                f"`--device` must name one of the {count} CUDA device(s) (cuda:0.."
+                f"cuda:{count - 1}); got {text!r}."
+            )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(
+            "`--device mps` needs Apple's Metal backend, which is not available here."
+        )
+    return text
+
+
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _device(args.device)
     from verispec.models.runtime import default_dtype
 
     dtype = default_dtype(device) if args.dtype == "auto" else getattr(torch, args.dtype)
@@ -322,7 +439,9 @@ def _show_report(report: Any, per_category: bool) -> None:
         print()
         print(render_category_table(report))
     if report.reference is not None:
-        print(f"\nidentical: answers token-identical to `{report.reference}` (greedy).")
+        from verispec.bench.report import identical_note
+
+        print(f"\nidentical: answers {identical_note(report)}")
 
 
 def _write_outputs(
@@ -348,11 +467,28 @@ def _write_outputs(
         print(f"wrote {key.replace('_', '-')}: {path}", file=sys.stderr)
 
 
-def _check_temperature(value: float) -> None:
+def _bench_config(args: argparse.Namespace, **extra: Any) -> Any:
+    """The generation settings of the command line, checked (ConfigError names the option)."""
+    from verispec.bench.runner import BenchConfig
     from verispec.errors import ConfigError
 
-    if not value >= 0:  # also catches NaN
-        raise ConfigError(f"`--temperature` must be >= 0; got {value}.")
+    try:
+        return BenchConfig(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            chat=args.chat,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            verifier=args.verifier,
+            **extra,
+        )
+    except ConfigError as exc:  # name the option, not the field
+        text = str(exc)
+        for field in ("max_new_tokens", "temperature", "seed", "top_k", "top_p", "min_p"):
+            text = text.replace(f"`{field}`", f"`--{field.replace('_', '-')}`")
+        raise ConfigError(text) from None
 
 
 # -- commands -------------------------------------------------------------------------
@@ -397,7 +533,7 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from verispec.bench.output import machine_info
     from verispec.bench.prompts import load_questions, select_questions, shipped_questions
     from verispec.bench.report import summarise
-    from verispec.bench.runner import BenchConfig, build_runners, make_context, run_bench
+    from verispec.bench.runner import build_runners, make_context, run_bench
     from verispec.errors import ConfigError
 
     # 1. everything a user can get wrong, before the model loads
@@ -410,16 +546,11 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     questions = select_questions(
         questions, limit=limit, categories=categories, max_turns=args.turns
     )
-    _check_temperature(args.temperature)
-    config = BenchConfig(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        seed=args.seed,
-        warmup=args.warmup,
-        chat=args.chat,
-    )
+    config = _bench_config(args, warmup=args.warmup)
+    device = _device(args.device)
     outputs = _check_outputs(args)
     kernels = _kernel_scope(args)
+    log = _records(args, config, specs, questions, device)
 
     # 2. load and run
     model, tokenizer = _load(args)
@@ -432,11 +563,36 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         f"{str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} thread(s)",
         file=sys.stderr,
     )
-    with kernels:
-        runners = build_runners(context, specs)
-        run = run_bench(
-            context, specs, questions, config, progress=not args.no_progress, runners=runners
+    if log is not None and log.finished:
+        print(
+            f"verispec bench: resuming: {len(log.finished)} answers kept from {log.path}",
+            file=sys.stderr,
         )
+    try:
+        with kernels:
+            runners = build_runners(context, specs)
+            run = run_bench(
+                context,
+                specs,
+                questions,
+                config,
+                progress=not args.no_progress,
+                runners=runners,
+                on_record=log.append if log is not None else None,
+                finished=log.finished if log is not None else None,
+            )
+    except KeyboardInterrupt:
+        if log is not None and log.total:
+            print(
+                f"verispec bench: interrupted; {log.total} answers kept in {log.path}: "
+                "run the same command with --resume to continue.",
+                file=sys.stderr,
+            )
+            return 130
+        raise
+    finally:
+        if log is not None:
+            log.close()
 
     # 3. report, then write the files (only now that the run succeeded)
     report = summarise(run)
@@ -449,7 +605,8 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
             + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in setup.items()),
             file=sys.stderr,
         )
-    command = "verispec " + shlex.join(argv)
+    # `--resume` changes how the answers were obtained, not what they are
+    command = "verispec " + shlex.join(a for a in argv if a != "--resume")
     _show_report(report, args.per_category)
     _write_outputs(outputs, report, machine, command)
     return 0
@@ -465,6 +622,33 @@ def _untimed_setup(model: Any, runners: dict[str, Any]) -> dict[str, float]:
         if seconds:
             setup[label] = round(seconds, 1)
     return setup
+
+
+def _records(
+    args: argparse.Namespace, config: Any, specs: list[Any], questions: list[Any], device: str
+) -> Any:
+    """The run's records file (checked writable, earlier answers loaded), or None."""
+    from verispec.bench.output import check_writable
+    from verispec.bench.records import RecordLog, default_records_path, records_header
+    from verispec.errors import ConfigError
+
+    path = args.records or (default_records_path(args.json) if args.json else None)
+    if path is None:
+        if args.resume:
+            raise ConfigError(
+                "`--resume` needs the records of the interrupted run: give --records PATH "
+                "or the same --json PATH."
+            )
+        return None
+    path = check_writable(path, "--records")
+    setup = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "device": device,
+        "runtime": args.runtime,
+        "compile": args.compile,
+    }
+    return RecordLog(path, records_header(config, specs, questions, setup), resume=args.resume)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -499,7 +683,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from verispec.bench.methods import METHODS
     from verispec.bench.prompts import build_prompt_ids
     from verispec.bench.registry import parse_methods
-    from verispec.bench.runner import BenchConfig, build_runners, make_context
+    from verispec.bench.runner import build_runners, check_available, make_context
     from verispec.errors import ConfigError
 
     specs = parse_methods(args.method, METHODS)
@@ -507,16 +691,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError(f"`--method` takes one method spec; got {len(specs)}.")
     if not args.prompt.strip():
         raise ConfigError("`--prompt` must not be empty.")
-    _check_temperature(args.temperature)
-    config = BenchConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed
-    )
-    from verispec.bench.runner import check_available
-
+    config = _bench_config(args)
+    _device(args.device)
     check_available(specs)
     kernels = _kernel_scope(args)
     model, tokenizer = _load(args)
-    context = make_context(model, tokenizer)
+    context = make_context(model, tokenizer, verifier=config.verifier)
     ids = build_prompt_ids(tokenizer, [{"role": "user", "content": args.prompt}], chat=args.chat)
     with kernels:
         runner = build_runners(context, specs)[specs[0].label]
@@ -549,10 +729,19 @@ def _generate_stats(label: str, result: Any, prompt_tokens: int) -> str:
     return "\n".join(lines)
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 success, 2 usage error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # a usage error (one line already printed); --help exits 0
+        if exc.code in (0, None):
+            raise
+        return 2
     from verispec.errors import VerispecError
 
     try:
@@ -563,8 +752,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "report":
             return _cmd_report(args)
         return _cmd_generate(args)
-    except (VerispecError, FileNotFoundError) as exc:
-        print(f"verispec {args.command}: error: {exc}", file=sys.stderr)
+    except (VerispecError, OSError) as exc:  # OSError: files, permissions, a full disk
+        print(f"verispec {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"verispec {args.command}: interrupted; nothing written.", file=sys.stderr)

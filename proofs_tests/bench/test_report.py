@@ -115,12 +115,32 @@ def test_without_hf_the_reference_is_ar() -> None:
     assert "-" in render_table(report).splitlines()[2]
 
 
-def test_sampling_runs_report_speed_but_no_identity() -> None:
-    """At temperature > 0 nothing is compared token by token."""
+def test_sampling_runs_compare_verispec_methods_with_ar_at_the_same_seed() -> None:
+    """At temperature > 0 the reference is `ar` (same seed): verispec's methods are
+    compared with it, transformers' `hf` is not (it samples with another generator)."""
     report = summarise(_run(temperature=0.7))
+    assert report.reference == "ar"
+    hf, ar, tr = (report.methods[k] for k in ("hf", "ar", "tr:template=16"))
+    assert hf.identical is None and hf.identical_count is None
+    assert (ar.identical_count, tr.identical_count) == (2, 1)
+    assert report.mismatches == [
+        {"method": "tr:template=16", "question_id": 2, "turn": 0, "first_diff": 1}
+    ]
+    assert report.per_category["math"]["tr:template=16"].identical_count == 0
+    assert report.methods["tr:template=16"].speedup_vs_ar == pytest.approx(2.0)
+    assert "same seed" in render_markdown(report)
+    rows = {line.split()[0]: line.split() for line in render_table(report).splitlines()[2:]}
+    assert rows["tr:template=16"][7] == "1/2" and rows["hf"][7] == "-"
+
+
+def test_sampling_run_without_ar_has_no_reference() -> None:
+    """At temperature > 0 without `ar` nothing is compared (hf is never the reference)."""
+    run = _run(temperature=0.7)
+    kept = tuple(r for r in run.records if r.method != "ar")
+    specs = tuple(s for s in run.methods if s.label != "ar")
+    report = summarise(BenchRun(run.config, specs, run.questions, kept))
     assert report.reference is None and report.mismatches == []
     assert all(f.identical is None for f in report.methods.values())
-    assert report.methods["tr:template=16"].speedup_vs_ar == pytest.approx(2.0)
 
 
 def test_terminal_table_lists_every_method_with_its_figures() -> None:

@@ -10,7 +10,7 @@ import torch
 import verispec  # noqa: F401  (installs the default verifier policy)
 from verispec.core import DecodeState, DraftTree, GenerationConfig, SpeculativeDecoder, StepOutcome
 from verispec.errors import ConfigError, ContextLengthError, IncompatibleModelsError
-from verispec.verifiers import Greedy
+from verispec.verifiers import Greedy, RecursiveRejection
 
 
 class CountingModel:
@@ -168,17 +168,25 @@ def test_tokenizer_larger_than_model_vocabulary_is_rejected() -> None:
         def __len__(self) -> int:
             return 100
 
+        def encode(self, text: str) -> list[int]:
+            return [1]
+
+        def decode(self, ids: list[int]) -> str:
+            return ""
+
     with pytest.raises(IncompatibleModelsError, match="100 tokens"):
         SpeculativeDecoder(CountingModel(), tokenizer=BigTokenizer())
 
 
 def test_kernels_choice_reaches_the_default_verifiers() -> None:
     """``kernels=`` given to the decoder reaches the verifier the default policy builds at
-    each temperature, and a bad value is refused when the decoder is built."""
+    each temperature (at T > 0, the recursive rule the coupled one falls back to), and a bad
+    value is refused when the decoder is built."""
     for kernels in ("torch", "auto"):
         decoder = SpeculativeDecoder(CountingModel(), kernels=kernels)
         for temperature in (0.0, 0.7):
             verifier = decoder.verifier_for(GenerationConfig(temperature=temperature).sampling)
+            verifier = getattr(verifier, "fallback", verifier)
             assert verifier.kernels == kernels  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="`kernels` must be one of"):
         SpeculativeDecoder(CountingModel(), kernels="fast")
@@ -204,3 +212,58 @@ def test_clocks_synchronise_a_cuda_target_and_never_a_cpu_one(monkeypatch) -> No
     for model in (CountingModel(), cpu_model):
         SpeculativeDecoder(model, OracleDrafter(7, 2)).generate([1, 2], max_new_tokens=9)
     assert synced == []
+
+
+class _Policy:
+    """A verifier policy that returns something that is not a verifier."""
+
+    def __call__(self, sampling: object) -> object:
+        return "greedy"
+
+
+def _decoder(**kwargs: object) -> SpeculativeDecoder:
+    return SpeculativeDecoder(CountingModel(), **kwargs)  # type: ignore[arg-type]
+
+
+# (what is wrong, the call, the exception type, the argument the message must name)
+BAD_API_INPUT = [
+    ("drafter given by name", lambda: SpeculativeDecoder(CountingModel(), "tr"), "drafter"),
+    ("drafter class", lambda: _decoder(drafter=OracleDrafter), "drafter"),
+    ("verifier by name", lambda: _decoder(verifier="x"), "verifier"),
+    ("verifier class", lambda: _decoder(verifier=RecursiveRejection), "verifier"),
+    ("target not a model", lambda: SpeculativeDecoder("smollm2"), "target"),
+    ("tokenizer without encode", lambda: _decoder(tokenizer=object()), "tokenizer"),
+    ("config as a dict", lambda: _decoder().generate([1], {"max_new_tokens": 3}), "config"),
+    ("unknown setting", lambda: _decoder().generate([1], max_tokens=3), "max_tokens"),
+    ("float tensor prompt", lambda: _decoder().generate(torch.tensor([1.5, 2.0])), "prompt"),
+    ("2-D prompt", lambda: _decoder().generate(torch.tensor([[1, 2], [3, 4]])), "prompt"),
+    ("nested list prompt", lambda: _decoder().generate([[1, 2], [3, 4]]), "prompt"),
+    ("float list prompt", lambda: _decoder().generate([1.5, 2.0]), "prompt"),
+    ("bool tensor prompt", lambda: _decoder().generate(torch.tensor([True])), "prompt"),
+    ("prompt of no kind", lambda: _decoder().generate(None), "prompt"),
+    ("seed 2**70", lambda: _decoder().generate([1], seed=2**70), "seed"),
+    ("seed 1.5", lambda: _decoder().generate([1], seed=1.5), "seed"),
+    ("seed None", lambda: GenerationConfig(seed=None), "seed"),
+    ("seed -1", lambda: GenerationConfig(seed=-1), "seed"),
+    ("seed True", lambda: GenerationConfig(seed=True), "seed"),
+    ("eos id -1", lambda: GenerationConfig(eos_token_ids=[-1]), "eos_token_ids"),
+    ("eos id not an int", lambda: GenerationConfig(eos_token_ids=["</s>"]), "eos_token_ids"),
+    ("eos id >= V", lambda: _decoder().generate([1], eos_token_ids=[7]), "eos_token_ids"),
+    ("empty stop string", lambda: GenerationConfig(stop_strings=[""]), "stop_strings"),
+    ("stop string not a str", lambda: GenerationConfig(stop_strings=[3]), "stop_strings"),
+    ("temperature NaN", lambda: GenerationConfig(temperature=float("nan")), "temperature"),
+    ("top_p above 1", lambda: GenerationConfig(top_p=1.5), "top_p"),
+    ("min_p of 1", lambda: GenerationConfig(min_p=1.0), "min_p"),
+    ("max_new_tokens 2.5", lambda: GenerationConfig(max_new_tokens=2.5), "max_new_tokens"),
+    ("policy returns junk", lambda: _decoder(verifier=_Policy()).generate([1]), "verifier"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("what", "call", "name"), BAD_API_INPUT, ids=[b[0] for b in BAD_API_INPUT])
+def test_bad_api_input_is_a_config_error_naming_the_argument(what, call, name) -> None:
+    """Each bad input to the public API raises ConfigError (a ValueError) at the call that
+    takes it, and the message names the argument between backticks."""
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert isinstance(info.value, ValueError)
+    assert f"`{name}`" in str(info.value), str(info.value)

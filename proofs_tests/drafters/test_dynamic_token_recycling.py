@@ -315,6 +315,10 @@ def test_auto_budget_follows_the_latency_table() -> None:
         ({"k": 0}, "`k`"),
         ({"max_depth": 0}, "`max_depth`"),
         ({"decay": 0.0}, "`decay`"),
+        ({"decay": "x"}, "`decay`"),
+        ({"prior_strength": None}, "`prior_strength`"),
+        ({"prior_strength": 0}, "`prior_strength`"),
+        ({"fusion": "no"}, "`fusion`"),
     ],
 )
 def test_bad_arguments_are_refused(kwargs: dict, match: str) -> None:

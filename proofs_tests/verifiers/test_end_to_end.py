@@ -2,15 +2,17 @@
 
 At temperatures 0.7 and 1.0 the first two generated tokens over many seeds must
 follow the target's joint law, enumerated from the model itself (chi-square,
-ALPHA = 1e-3, fixed seeds). At temperature 0 the output must be token-identical to
-plain greedy decoding. Drafters: Token Recycling (deterministic candidates, lossless
-here at any temperature), and a drafter written below whose root row lists every
-token of the vocabulary, so the target mass is fully covered and the deterministic
-residual runs out of mass (the case of docs/exactness.rst's zero-residual lemma).
+ALPHA = 1e-3, fixed seeds), under the default verifier (the coupled rule for these
+trees of fixed candidates) and under recursive rejection. At temperature 0 the
+output must be token-identical to plain greedy decoding. Drafters: Token Recycling
+(deterministic candidates, lossless here at any temperature), and a drafter written
+below whose root row lists every token of the vocabulary, so the target mass is fully
+covered and the deterministic residual runs out of mass (the case of
+docs/exactness.rst's zero-residual lemma).
 
-The tiny model runs in float64 (exact comparisons); the verifier is the decoder's
-default (float32 residuals). Torch is pinned to one thread here: tiny matrices on a
-shared 2-core machine are ~10x faster single-threaded.
+The tiny model runs in float64 (exact comparisons); the verifiers keep float32
+target rows and residuals (their defaults). Torch is pinned to one thread here: tiny
+matrices on a shared 2-core machine are ~10x faster single-threaded.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from verispec.core.tree import DETERMINISTIC, DraftTree
 from verispec.core.types import DecodeState, StepOutcome
 from verispec.drafters import TokenRecycling
 from verispec.models.tiny import tiny_llama
-from verispec.verifiers import Greedy, RecursiveRejection
+from verispec.verifiers import Coupled, Greedy, RecursiveRejection
 
 ALPHA = 1e-3
 VOCAB_SIZE = 12
@@ -117,22 +119,30 @@ def first_two_tokens(decoder, temperature: float) -> tuple[Counter, int]:
     return counts, accepted
 
 
+RULES = {"coupled": (None, Coupled), "recursive": (RecursiveRejection(), RecursiveRejection)}
+
+
+@pytest.mark.parametrize("rule", list(RULES))
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
-def test_token_recycling_first_two_tokens_follow_the_target(model, temperature: float) -> None:
-    """TR + the default verifier: the first two tokens over 1000 seeds pass chi-square."""
-    decoder = verispec.SpeculativeDecoder(model, TokenRecycling())
-    assert isinstance(
-        decoder.verifier_for(SamplingParams(temperature=temperature)), RecursiveRejection
-    )
+def test_token_recycling_first_two_tokens_follow_the_target(
+    model, temperature: float, rule: str
+) -> None:
+    """TR + the default (coupled) or the recursive verifier: the first two tokens over
+    1000 seeds pass chi-square."""
+    verifier, kind = RULES[rule]
+    decoder = verispec.SpeculativeDecoder(model, TokenRecycling(), verifier)
+    assert isinstance(decoder.verifier_for(SamplingParams(temperature=temperature)), kind)
     counts, accepted = first_two_tokens(decoder, temperature)
     assert accepted > SEEDS // 10  # the drafts were really verified, not all rejected
     expected = target_joint_law(model, SamplingParams(temperature=temperature))
     assert chi_square_p_value(counts, expected, SEEDS) > ALPHA
 
 
-def test_full_coverage_drafter_first_two_tokens_follow_the_target(model) -> None:
-    """A root row covering the whole vocabulary (zero residual) keeps the law exact."""
-    decoder = verispec.SpeculativeDecoder(model, FullCoverage())
+@pytest.mark.parametrize("rule", list(RULES))
+def test_full_coverage_drafter_first_two_tokens_follow_the_target(model, rule: str) -> None:
+    """A root row covering the whole vocabulary (zero residual for the recursive rule)
+    keeps the law exact under either rule."""
+    decoder = verispec.SpeculativeDecoder(model, FullCoverage(), RULES[rule][0])
     counts, accepted = first_two_tokens(decoder, 1.0)
     assert accepted >= SEEDS  # some root child is always accepted
     expected = target_joint_law(model, SamplingParams(temperature=1.0))

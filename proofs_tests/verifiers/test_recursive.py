@@ -432,11 +432,3 @@ def test_residual_dtype_must_be_float32_or_float64() -> None:
     """Only float32 and float64 residuals are offered."""
     with pytest.raises(ConfigError, match="residual_dtype"):
         RecursiveRejection(torch.float16)
-
-
-def test_default_policy_is_greedy_at_temperature_zero_only() -> None:
-    """The decoder's default: Greedy at temperature 0, RecursiveRejection otherwise."""
-    from verispec.verifiers import default_verifier
-
-    assert isinstance(default_verifier(SamplingParams()), Greedy)
-    assert isinstance(default_verifier(SamplingParams(temperature=0.5)), RecursiveRejection)

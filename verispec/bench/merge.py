@@ -141,7 +141,17 @@ def load_report(path: str | Path) -> BenchReport:
 
 
 # Settings every shard must share: the answers are only comparable under the same ones.
-_SHARED_CONFIG = ("max_new_tokens", "temperature", "seed", "chat", "warmup")
+_SHARED_CONFIG = (
+    "max_new_tokens",
+    "temperature",
+    "seed",
+    "chat",
+    "warmup",
+    "top_k",
+    "top_p",
+    "min_p",
+    "verifier",
+)
 _SHARED_MACHINE = ("dtype", "device")
 
 
@@ -256,7 +266,8 @@ def merge_reports(
     Raises:
         ConfigError: no report; shards that share a category, differ in their
             methods, in ``max_new_tokens``, ``temperature``, ``seed``, ``chat``,
-            ``warmup``, or in the machine's ``dtype`` or ``device``.
+            ``warmup``, the sampling filters, the verifier, or in the machine's
+            ``dtype`` or ``device``.
     """
     if not reports:
         raise ConfigError("`reports` must hold at least one report; got none.")

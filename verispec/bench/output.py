@@ -23,15 +23,31 @@ __all__ = ["check_writable", "machine_info", "write_atomic", "write_json", "writ
 
 
 def check_writable(path: str | Path, what: str) -> Path:
-    """Fail now (before a long run) if ``path`` cannot be written later."""
+    """Fail now (before a long run) if ``path`` cannot be written later.
+
+    The check does what the write will do: it creates (and removes) a temporary file
+    in the destination's directory, and opens an existing destination for appending
+    (which changes nothing in it). Permission bits alone say yes to root and on
+    read-only mounts.
+    """
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise ConfigError(f"`{what}` must be a file path; {str(path)!r} is a directory.")
     if not parent.is_dir():
         raise ConfigError(f"`{what}`: the directory {str(parent)!r} does not exist.")
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(f"`{what}`: the directory {str(parent)!r} is not writable.")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+        if path.exists():
+            with open(path, "a"):
+                pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            f"`{what}` must be writable; {str(path)!r} cannot be written: {reason}."
+        ) from None
     return path
 
 

@@ -9,8 +9,13 @@ Definitions (the same for every method, overall and per category):
   forward counts, the prefill included, since it yields the first token).
 * **nodes/step** — draft-tree nodes scored per target forward.
 * **vs hf, vs ar** — tokens/s over the tokens/s of ``hf`` / ``ar`` on the same answers.
-* **identical** — at temperature 0, the share of answers token-identical to the
-  greedy reference (``hf`` if it ran, else ``ar``).
+* **identical** — the share of answers token-identical to the reference: at
+  temperature 0 the greedy reference (``hf`` if it ran, else ``ar``); at temperature
+  > 0 ``ar`` with the same seed, for verispec's methods (with the default verifier,
+  every drafter of fixed candidates reproduces it: docs/exactness.rst, "Seeds and
+  reproducibility"; draft-model trees are exact in law but draw differently).
+  transformers' peers (``hf*``) sample from torch's global generator and are not
+  compared at temperature > 0.
 * **peak MiB** — the largest per-answer peak: CUDA allocation on a GPU, else the
   process's resident set (model weights included).
 * **draft / target / verify** — shares of the wall-clock time; the rest is the loop
@@ -35,6 +40,7 @@ from verispec.bench.runner import BenchRun, TurnRecord
 __all__ = [
     "BenchReport",
     "Figures",
+    "identical_note",
     "render_category_table",
     "render_markdown",
     "render_table",
@@ -78,8 +84,8 @@ class BenchReport:
     Attributes:
         methods: figures per method label, in the run's order.
         per_category: figures per category, then per method label.
-        reference: the label outputs are compared with (``None`` when not greedy or
-            neither ``hf`` nor ``ar`` ran).
+        reference: the label outputs are compared with: ``hf`` or ``ar`` at
+            temperature 0, ``ar`` above (``None`` when neither ran).
         mismatches: answers that differ from the reference: method, question id,
             turn and the index of the first differing token.
         config: the run's settings: ``BenchConfig``'s fields plus ``methods`` (labels),
@@ -156,11 +162,21 @@ def _figures(
     }
 
 
-def _group(records: Sequence[TurnRecord], labels: Sequence[str], reference: Any) -> dict:
+def _group(
+    records: Sequence[TurnRecord], labels: Sequence[str], reference: Any, compared: set[str]
+) -> dict:
     raw = {
-        label: _figures([r for r in records if r.method == label], reference) for label in labels
+        label: _figures(
+            [r for r in records if r.method == label], reference if label in compared else None
+        )
+        for label in labels
     }
     return _with_speedups(raw)
+
+
+def _is_hf_peer(name: str) -> bool:
+    """transformers' own methods (``hf``, ``hf-pld``...): they sample with torch's global RNG."""
+    return name == "hf" or name.startswith("hf-")
 
 
 def _with_speedups(raw: dict[str, dict[str, Any]]) -> dict[str, Figures]:
@@ -181,16 +197,22 @@ def _with_speedups(raw: dict[str, dict[str, Any]]) -> dict[str, Figures]:
 def summarise(run: BenchRun) -> BenchReport:
     """Aggregate a run's answers per method and per category."""
     labels = run.labels
-    reference_label = None
-    if run.config.temperature == 0:
-        reference_label = next((peer for peer in ("hf", "ar") if peer in labels), None)
+    greedy = run.config.temperature == 0
+    peers = ("hf", "ar") if greedy else ("ar",)
+    reference_label = next((peer for peer in peers if peer in labels), None)
+    compared = {s.label for s in run.methods if greedy or not _is_hf_peer(s.name)}
     reference = None
     mismatches: list[dict[str, Any]] = []
     if reference_label is not None:
         reference = {_key(r): r.result.tokens for r in run.records if r.method == reference_label}
         for r in run.records:
             want = reference.get(_key(r))
-            if r.method != reference_label and want is not None and want != r.result.tokens:
+            if (
+                r.method != reference_label
+                and r.method in compared
+                and want is not None
+                and want != r.result.tokens
+            ):
                 mismatches.append(
                     {
                         "method": r.method,
@@ -201,11 +223,13 @@ def summarise(run: BenchRun) -> BenchReport:
                 )
     categories = list(dict.fromkeys(r.category for r in run.records))
     per_category = {
-        category: _group([r for r in run.records if r.category == category], labels, reference)
+        category: _group(
+            [r for r in run.records if r.category == category], labels, reference, compared
+        )
         for category in categories
     }
     return BenchReport(
-        methods=_group(run.records, labels, reference),
+        methods=_group(run.records, labels, reference, compared),
         per_category=per_category,
         reference=reference_label,
         mismatches=mismatches,
@@ -314,6 +338,16 @@ def render_category_table(report: BenchReport) -> str:
     return _text_table(_CATEGORY_HEAD, _category_rows(report))
 
 
+def identical_note(report: BenchReport) -> str:
+    """What the identical column compares, in one sentence."""
+    if report.config.get("temperature") == 0:
+        return f"token-identical to `{report.reference}` greedy outputs."
+    return (
+        f"token-identical to `{report.reference}` with the same seed (verispec's methods; "
+        "transformers' peers sample differently and are not compared)."
+    )
+
+
 def _config_dict(run: BenchRun) -> dict[str, Any]:
     config = attrs.asdict(run.config)
     config["methods"] = run.labels
@@ -344,7 +378,10 @@ def render_markdown(
     lines = ["# verispec bench", ""]
     if commands:
         lines += ["```", *commands, "```", ""]
-    settings = ", ".join(f"{k}={config.get(k)}" for k in ("max_new_tokens", "temperature", "seed"))
+    keys = ["max_new_tokens", "temperature", "seed"]
+    if config.get("temperature"):
+        keys += [k for k in ("top_k", "top_p", "min_p", "verifier") if k in config]
+    settings = ", ".join(f"{k}={config.get(k)}" for k in keys)
     interleaved = "methods interleaved question by question"
     if len(commands) > 1:
         interleaved = f"merged from {len(commands)} runs over disjoint categories, {interleaved}"
@@ -359,7 +396,7 @@ def render_markdown(
     lines += ["## Per method", "", _md_table(_HEAD + _TAIL, _rows(report)), ""]
     lines += ["## Per category", "", _md_table(_CATEGORY_HEAD, _category_rows(report)), ""]
     if report.reference is not None:
-        lines += [f"Identical: token-identical to `{report.reference}` greedy outputs.", ""]
+        lines += [f"Identical: {identical_note(report)}", ""]
         if report.mismatches:
             lines += ["Answers that differ (method, question, turn, first differing token):", ""]
             lines += [

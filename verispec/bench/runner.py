@@ -7,12 +7,20 @@ methods alike. The method order rotates from one question to the next so no
 method always runs first. Before measuring, each method generates ``warmup``
 answers to a prompt outside the set; learnt state (Token Recycling's matrix) is
 then reset so the measured run starts cold, as in the papers.
+
+A run can be resumed: given the answers an earlier, interrupted run finished
+(``finished``, reloaded by :mod:`verispec.bench.records`), :func:`run_bench` keeps
+them and generates only the others. A method that learns across prompts (a drafter
+with ``reset``: Token Recycling's matrix, DTR's calibration) first answers its
+finished prompts again, unrecorded, so that it reaches the remaining ones in the
+state an uninterrupted run would have: the report is then the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import attrs
 
@@ -24,8 +32,10 @@ from verispec.core.types import GenerationConfig
 from verispec.errors import ConfigError
 
 __all__ = [
+    "VERIFIERS",
     "BenchConfig",
     "BenchRun",
+    "RecordKey",
     "TurnRecord",
     "WARMUP_PROMPT",
     "build_runners",
@@ -36,6 +46,9 @@ __all__ = [
 
 WARMUP_PROMPT = "Count from one to ten in words, then name three colours of the rainbow."
 
+#: The acceptance rules a run may use at temperature > 0 (see :class:`BenchConfig`).
+VERIFIERS = ("default", "recursive")
+
 
 @attrs.frozen
 class BenchConfig:
@@ -43,10 +56,18 @@ class BenchConfig:
 
     Attributes:
         max_new_tokens: most tokens per answer.
-        temperature: 0 for greedy (then outputs are compared token by token).
-        seed: seeds every generation's random draws.
+        temperature: 0 for greedy; the outputs of verispec's methods are compared
+            token by token with the reference at any temperature (see
+            :mod:`verispec.bench.report`).
+        seed: seeds every generation's random draws (the same seed for every answer).
         warmup: warm-up generations per method before measuring (not counted).
         chat: apply the tokenizer's chat template.
+        top_k, top_p, min_p: the sampling filters (see
+            :class:`~verispec.core.sampling.SamplingParams`).
+        verifier: the acceptance rule of verispec's methods at temperature > 0:
+            ``"default"`` (the coupled rule for trees of fixed candidates and plain
+            decoding, recursive rejection for draft-model trees) or ``"recursive"``
+            (recursive rejection for every tree).
     """
 
     max_new_tokens: int = 128
@@ -54,16 +75,29 @@ class BenchConfig:
     seed: int = 0
     warmup: int = 1
     chat: bool = True
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    verifier: Literal["default", "recursive"] = "default"
 
     def __attrs_post_init__(self) -> None:
-        if self.warmup < 0:
-            raise ConfigError(f"`warmup` must be >= 0; got {self.warmup}.")
-        self.generation(None)  # validates max_new_tokens and temperature
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ConfigError(f"`warmup` must be an integer >= 0; got {self.warmup!r}.")
+        if not isinstance(self.chat, bool):
+            raise ConfigError(f"`chat` must be True or False; got {self.chat!r}.")
+        if self.verifier not in VERIFIERS:
+            raise ConfigError(
+                f"`verifier` must be one of {', '.join(VERIFIERS)}; got {self.verifier!r}."
+            )
+        self.generation(None)  # validates the generation settings
 
     def generation(self, eos: Sequence[int] | None) -> GenerationConfig:
         return GenerationConfig(
             max_new_tokens=self.max_new_tokens,
             temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
             seed=self.seed,
             eos_token_ids=tuple(eos) if eos else None,
         )
@@ -79,6 +113,14 @@ class TurnRecord:
     method: str
     prompt_tokens: int
     result: TurnResult
+
+
+#: How a finished answer is found again: (question id as text, turn, method label).
+RecordKey = tuple[str, int, str]
+
+
+def record_key(record: TurnRecord) -> RecordKey:
+    return (str(record.question_id), record.turn, record.method)
 
 
 @attrs.frozen
@@ -106,12 +148,14 @@ def check_available(specs: Sequence[MethodSpec]) -> None:
         raise ConfigError("method(s) not available in this installation: " + "; ".join(problems))
 
 
-def make_context(target: Any, tokenizer: Any) -> BenchContext:
+def make_context(target: Any, tokenizer: Any, verifier: str = "default") -> BenchContext:
     """A :class:`BenchContext` for a verispec model and its tokenizer.
 
     End-of-sequence ids are the union of the tokenizer's and the model's, so every
-    method stops on the same tokens.
+    method stops on the same tokens. ``verifier``: see :class:`BenchConfig`.
     """
+    if verifier not in VERIFIERS:
+        raise ConfigError(f"`verifier` must be one of {', '.join(VERIFIERS)}; got {verifier!r}.")
     eos: list[int] = []
     for source in (getattr(tokenizer, "eos_token_id", None), getattr(target, "eos_token_id", None)):
         if source is None:
@@ -124,6 +168,7 @@ def make_context(target: Any, tokenizer: Any) -> BenchContext:
         tokenizer=tokenizer,
         hf_model=getattr(target, "hf_model", None),
         eos_token_ids=tuple(eos),
+        verifier=verifier,
     )
 
 
@@ -147,6 +192,7 @@ def run_bench(
     progress: bool = True,
     runners: dict[str, MethodRunner] | None = None,
     on_record: Callable[[TurnRecord], None] | None = None,
+    finished: Mapping[RecordKey, TurnRecord] | None = None,
 ) -> BenchRun:
     """Run every method on every question and return the raw measurements.
 
@@ -155,8 +201,12 @@ def run_bench(
         specs: the methods, parsed by :func:`~verispec.bench.registry.parse_methods`.
         questions: the questions, already selected.
         progress: show a tqdm progress bar on stderr.
-        runners: prebuilt runners by label (built from ``specs`` when ``None``).
-        on_record: called after each measured answer.
+        runners: prebuilt runners by label (built from ``specs`` and ``config.verifier``
+            when ``None``).
+        on_record: called after each newly measured answer (not for ``finished`` ones).
+        finished: answers of an interrupted run of the same benchmark, by
+            :func:`record_key`: kept as they are instead of being generated again
+            (see the module docstring).
 
     Raises:
         ConfigError: no method or no question, or a method not available.
@@ -166,7 +216,9 @@ def run_bench(
         raise ConfigError("`methods` must name at least one method.")
     if not questions:
         raise ConfigError("`questions` must hold at least one question.")
-    runners = runners if runners is not None else build_runners(context, specs)
+    if runners is None:
+        runners = build_runners(attrs.evolve(context, verifier=config.verifier), specs)
+    finished = finished or {}
     labels = [spec.label for spec in specs]
     generation = config.generation(context.eos_token_ids)
     tokenizer = context.tokenizer
@@ -192,19 +244,22 @@ def run_bench(
                 for turn, user_text in enumerate(question.turns):
                     messages.append({"role": "user", "content": user_text})
                     ids = build_prompt_ids(tokenizer, messages, chat=config.chat)
-                    result = runners[label].run(ids, generation)
-                    record = TurnRecord(
-                        question_id=question.question_id,
-                        category=question.category,
-                        turn=turn,
-                        method=label,
-                        prompt_tokens=len(ids),
-                        result=result,
-                    )
+                    record = finished.get((str(question.question_id), turn, label))
+                    if record is not None:
+                        _replay(runners[label], ids, generation, record)
+                    else:
+                        record = TurnRecord(
+                            question_id=question.question_id,
+                            category=question.category,
+                            turn=turn,
+                            method=label,
+                            prompt_tokens=len(ids),
+                            result=runners[label].run(ids, generation),
+                        )
+                        if on_record is not None:
+                            on_record(record)
                     records.append(record)
-                    if on_record is not None:
-                        on_record(record)
-                    messages.append({"role": "assistant", "content": result.text})
+                    messages.append({"role": "assistant", "content": record.result.text})
                     bar.update(1)
     finally:
         bar.close()
@@ -214,6 +269,23 @@ def run_bench(
         questions=tuple(questions),
         records=tuple(records),
     )
+
+
+def _replay(
+    runner: MethodRunner, ids: Sequence[int], generation: GenerationConfig, record: TurnRecord
+) -> None:
+    """Answer a finished prompt again, unrecorded, if the method learns across prompts."""
+    if not getattr(runner, "learns_across_prompts", False):
+        return
+    again = runner.run(ids, generation)
+    if again.tokens != record.result.tokens:
+        warnings.warn(
+            f"`{record.method}` answered question {record.question_id} turn {record.turn} "
+            "differently when replayed for --resume than in the records (another machine, "
+            "thread count or version?); its learnt state may differ from the interrupted run's.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:

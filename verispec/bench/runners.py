@@ -34,6 +34,7 @@ import torch
 
 from verispec.core.engine import SpeculativeDecoder
 from verispec.core.types import Drafter, GenerationConfig, LanguageModel
+from verispec.verifiers import default_verifier, recursive_verifier
 
 __all__ = [
     "BenchContext",
@@ -55,12 +56,15 @@ class BenchContext:
         hf_model: the underlying ``transformers`` model, for the ``hf*`` peers; ``None``
             when the target has none.
         eos_token_ids: end-of-sequence ids used by every method alike.
+        verifier: the acceptance rule of the engine's methods at temperature > 0,
+            ``"default"`` or ``"recursive"`` (see :class:`~verispec.bench.BenchConfig`).
     """
 
     target: LanguageModel
     tokenizer: Any
     hf_model: Any = None
     eos_token_ids: tuple[int, ...] = ()
+    verifier: str = "default"
 
     @property
     def device(self) -> torch.device:
@@ -183,17 +187,25 @@ def _decode(tokenizer: Any, tokens: Sequence[int]) -> str:
 class EngineRunner:
     """verispec's decoder with one drafter (``None``: autoregressive).
 
-    When the target is the Hugging Face adapter and its device gets the Triton kernels
-    (CUDA, by default), its generations run with the Triton tree attention
+    The verifier is the package default, or recursive rejection at temperature > 0
+    when ``context.verifier`` is ``"recursive"``. When the target is the Hugging Face
+    adapter and its device gets the Triton kernels (CUDA, by default), its generations
+    run with the Triton tree attention
     (:func:`verispec.kernels.hf_attention.tree_attention_where_supported`); the ``hf``
     peers keep the model's own attention.
     """
 
     def __init__(self, context: BenchContext, drafter: Drafter | None) -> None:
+        policy = recursive_verifier if context.verifier == "recursive" else default_verifier
         self.context = context
         self.drafter = drafter
-        self.decoder = SpeculativeDecoder(context.target, drafter, tokenizer=None)
+        self.decoder = SpeculativeDecoder(context.target, drafter, policy, tokenizer=None)
         self.setup_s = 0.0  # the target's compile time is the model's, reported by the CLI
+
+    @property
+    def learns_across_prompts(self) -> bool:
+        """Whether the drafter keeps state from one prompt to the next (it has ``reset``)."""
+        return callable(getattr(self.drafter, "reset", None))
 
     def reset(self) -> None:
         reset = getattr(self.drafter, "reset", None)
@@ -380,6 +392,7 @@ class HFRunner:
                 temperature=config.temperature,
                 top_k=config.top_k or None,
                 top_p=config.top_p,
+                min_p=config.min_p or None,
             )
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)

@@ -14,7 +14,10 @@ autoregressive decoding through the same code.
 
 The core knows no concrete verifier: it is handed one, or a policy that picks
 one from the sampling parameters. The package's public face installs the
-default policy (``Greedy`` at temperature 0, recursive rejection otherwise).
+default policy (``Greedy`` at temperature 0, ``Coupled`` otherwise: seeded
+identity for trees of fixed candidates, recursive rejection for the rest). A
+verifier that declares ``keyed_by_position`` also gets the absolute position of
+the root's next token (:class:`~verispec.core.types.PositionKeyedVerifier`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ from typing import Any, ClassVar, Literal
 import attrs
 import torch
 
+from verispec.core._checks import (
+    check_decoder_arguments,
+    describe,
+    generation_config,
+    token_id_list,
+)
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
 from verispec.core.types import (
@@ -33,6 +42,7 @@ from verispec.core.types import (
     Drafter,
     GenerationConfig,
     LanguageModel,
+    PositionKeyedVerifier,
     StepOutcome,
     Verdict,
     Verifier,
@@ -183,8 +193,8 @@ class SpeculativeDecoder:
         target: the model whose distribution the output follows.
         drafter: proposes the draft trees; ``None`` decodes autoregressively.
         verifier: a :class:`Verifier`, or a callable mapping :class:`SamplingParams`
-            to one; ``None`` uses the package default (greedy at temperature 0,
-            recursive rejection sampling otherwise).
+            to one; ``None`` uses the package default (greedy at temperature 0, the
+            coupled rule with recursive rejection for draft-model trees otherwise).
         tokenizer: a Hugging Face tokenizer, to accept string prompts, decode text,
             apply stop strings and find the end-of-sequence token.
         kernels: ``"auto"``, ``"triton"`` or ``"torch"``, given to the default policy's
@@ -200,6 +210,7 @@ class SpeculativeDecoder:
         *,
         kernels: str = "auto",
     ) -> None:
+        check_decoder_arguments(target, drafter, verifier, tokenizer)
         self.target = target
         self.drafter: Drafter = drafter if drafter is not None else Autoregressive()
         # a draft-model drafter exposes its model as `.draft`: it must share the vocabulary
@@ -237,9 +248,16 @@ class SpeculativeDecoder:
                 )
 
     def verifier_for(self, sampling: SamplingParams) -> Verifier:
+        """The verifier of a generation with these sampling parameters."""
         if hasattr(self._verifier, "verify"):
             return self._verifier  # type: ignore[return-value]
-        return self._verifier(sampling)  # type: ignore[operator]
+        verifier = self._verifier(sampling)  # type: ignore[operator]
+        if isinstance(verifier, type) or not callable(getattr(verifier, "verify", None)):
+            raise ConfigError(
+                f"`verifier` policy must return a verifier (with a `verify` method); it "
+                f"returned {describe(verifier)} for {sampling}."
+            )
+        return verifier  # type: ignore[no-any-return]
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -249,7 +267,7 @@ class SpeculativeDecoder:
                 raise ConfigError("a string `prompt` needs a tokenizer; pass token ids instead.")
             ids = list(self.tokenizer.encode(prompt))
         else:
-            ids = [int(t) for t in torch.as_tensor(prompt).reshape(-1).tolist()]
+            ids = token_id_list(prompt)
         if not ids:
             raise ConfigError("`prompt` must contain at least one token; got an empty prompt.")
         bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
@@ -266,6 +284,12 @@ class SpeculativeDecoder:
 
     def _eos_ids(self, config: GenerationConfig) -> set[int]:
         if config.eos_token_ids is not None:
+            bad = [t for t in config.eos_token_ids if t >= self.target.vocab_size]
+            if bad:
+                raise ConfigError(
+                    f"`eos_token_ids` must be in [0, {self.target.vocab_size}) (the model's "
+                    f"vocabulary); got {bad[0]}."
+                )
             return set(config.eos_token_ids)
         eos = getattr(self.tokenizer, "eos_token_id", None)
         if eos is None:
@@ -289,12 +313,17 @@ class SpeculativeDecoder:
             config: the settings; keyword ``overrides`` replace its fields
                 (``decoder.generate(ids, max_new_tokens=64, temperature=0.7)``).
         """
-        config = config if config is not None else GenerationConfig()
-        if overrides:
-            config = attrs.evolve(config, **overrides)
+        config = generation_config(config, overrides)
         ids = self._prompt_ids(prompt)
         sampling = config.sampling
         verifier = self.verifier_for(sampling)
+        # a verifier keyed by position also gets the absolute position of the root's next
+        # token; plain verifiers are called with the protocol's four arguments
+        keyed: PositionKeyedVerifier | None = (
+            verifier  # type: ignore[assignment]
+            if getattr(verifier, "keyed_by_position", False) is True
+            else None
+        )
         eos_ids = self._eos_ids(config)
         generator = torch.Generator(device="cpu").manual_seed(config.seed)
 
@@ -329,7 +358,12 @@ class SpeculativeDecoder:
             target_logits = self.target.forward_tree(tree)  # (N + 1, V)
             t2 = clock()
             # 3. verify
-            verdict: Verdict = verifier.verify(tree, target_logits, sampling, generator)
+            verdict: Verdict
+            if keyed is not None:
+                position = len(state.tokens)  # the absolute position of the root's next token
+                verdict = keyed.verify(tree, target_logits, sampling, generator, position=position)
+            else:
+                verdict = verifier.verify(tree, target_logits, sampling, generator)
             t3 = clock()
             # 4. commit
             self.target.commit(verdict.accepted, verdict.extra_token)

@@ -11,6 +11,7 @@ Shape glossary: N tree nodes, V vocabulary, S committed tokens.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -27,6 +28,7 @@ __all__ = [
     "GenerationConfig",
     "LanguageModel",
     "StepOutcome",
+    "PositionKeyedVerifier",
     "Verdict",
     "Verifier",
 ]
@@ -66,20 +68,57 @@ def _positive_int(instance: object, attribute: attrs.Attribute, value: int) -> N
         raise ConfigError(f"`{attribute.name}` must be an integer >= 1; got {value!r}.")
 
 
-def _token_ids(value: int | Sequence[int] | None) -> tuple[int, ...]:
+def _token_ids(value: object) -> tuple[object, ...]:
+    """A tuple of token ids; integers become ``int``, anything else is left to the validator."""
     if value is None:
         return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, int | str) or not isinstance(value, Iterable):
+        value = (value,)
+    return tuple(
+        int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+        for v in value  # type: ignore[union-attr]
+    )
 
 
-def _strings(value: str | Sequence[str] | None) -> tuple[str, ...]:
+def _strings(value: object) -> tuple[object, ...]:
     if value is None:
         return ()
-    if isinstance(value, str):
+    if isinstance(value, str) or not isinstance(value, Iterable):
         return (value,)
     return tuple(value)
+
+
+def _check_token_ids(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if value is None:
+        return
+    for token in value:  # type: ignore[attr-defined]
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or token < 0:
+            raise ConfigError(
+                f"`{attribute.name}` must hold token ids (integers >= 0); got {token!r}."
+            )
+
+
+def _check_stop_strings(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    for text in value:  # type: ignore[attr-defined]
+        if not isinstance(text, str) or not text:
+            hint = " (an empty string would stop generation at once)" if text == "" else ""
+            raise ConfigError(
+                f"`{attribute.name}` must hold non-empty strings; got {text!r}{hint}."
+            )
+
+
+SEED_LIMIT = 1 << 64
+
+
+def _check_seed(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or not 0 <= int(value) < SEED_LIMIT
+    ):
+        raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.")
 
 
 @attrs.frozen
@@ -90,10 +129,13 @@ class GenerationConfig:
         max_new_tokens: most tokens to generate (>= 1).
         temperature, top_k, top_p, min_p: see :class:`SamplingParams`; ``temperature=0``
             (the default) is greedy decoding.
-        eos_token_ids: generation stops after any of these; ``None`` takes the
-            tokenizer's or model's own when the decoder knows them.
-        stop_strings: generation stops once the decoded text contains one of these.
-        seed: seeds the ``torch.Generator`` used for every random draw.
+        eos_token_ids: generation stops after any of these (token ids >= 0); ``None``
+            takes the tokenizer's or model's own when the decoder knows them.
+        stop_strings: generation stops once the decoded text contains one of these
+            (non-empty strings).
+        seed: an integer in [0, 2**64). Seeds the ``torch.Generator`` of every random
+            draw and keys the coupled rule's per-position noise (docs/exactness.rst,
+            "Seeds and reproducibility").
     """
 
     max_new_tokens: int = attrs.field(default=128, validator=_positive_int)
@@ -102,10 +144,16 @@ class GenerationConfig:
     top_p: float = 1.0
     min_p: float = 0.0
     eos_token_ids: tuple[int, ...] | None = attrs.field(
-        default=None, converter=attrs.converters.optional(_token_ids)
+        default=None,
+        converter=attrs.converters.optional(_token_ids),  # type: ignore[misc]
+        validator=_check_token_ids,
     )
-    stop_strings: tuple[str, ...] = attrs.field(default=(), converter=_strings)
-    seed: int = 0
+    stop_strings: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_strings,  # type: ignore[misc]
+        validator=_check_stop_strings,
+    )
+    seed: int = attrs.field(default=0, validator=_check_seed)
 
     def __attrs_post_init__(self) -> None:
         self.sampling  # noqa: B018 - validates the sampling fields eagerly
@@ -248,4 +296,30 @@ class Verifier(Protocol):
         generator: torch.Generator,
     ) -> Verdict:
         """Args: target_logits: float, Shape: (N + 1, V)."""
+        ...
+
+
+@runtime_checkable
+class PositionKeyedVerifier(Protocol):
+    """A verifier whose draws are keyed by the absolute position in the sequence.
+
+    Declared by ``keyed_by_position = True``; the decoder then also passes
+    ``position``, the number of committed tokens (prompt included), which is the
+    absolute position of the token drawn at the root row. A plain :class:`Verifier`
+    is called without it, so verifiers written against the four-argument protocol
+    keep working.
+    """
+
+    keyed_by_position: ClassVar[bool]
+
+    def verify(
+        self,
+        tree: DraftTree,
+        target_logits: torch.Tensor,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+        *,
+        position: int | None = None,
+    ) -> Verdict:
+        """Args: target_logits: float, Shape: (N + 1, V); position: see the class."""
         ...

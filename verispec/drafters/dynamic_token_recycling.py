@@ -44,6 +44,7 @@ Shape glossary: N tree nodes, V vocabulary, K candidates per token.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
@@ -213,11 +214,15 @@ class DynamicTokenRecycling:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"`{name}` must be an integer >= {low}; got {value!r}.")
-        if not 0 < decay <= 1 or prior_strength <= 0:
-            raise ConfigError(
-                f"`decay` must be in (0, 1] and `prior_strength` > 0; "
-                f"got {decay}, {prior_strength}."
-            )
+        for name, real, high, allowed in (
+            ("decay", decay, 1.0, "in (0, 1]"),
+            ("prior_strength", prior_strength, math.inf, "a finite number > 0"),
+        ):
+            number = isinstance(real, int | float) and not isinstance(real, bool)
+            if not number or not 0 < real <= high or real == math.inf:
+                raise ConfigError(f"`{name}` must be {allowed}; got {real!r}.")
+        if not isinstance(fusion, bool):
+            raise ConfigError(f"`fusion` must be True or False; got {fusion!r}.")
         self.budget = budget
         self.k = k
         self.fusion = fusion

@@ -28,22 +28,30 @@ the past, those are a valid proposal of the same law, so the restarted rule is
 exact too and the output stays distributed as ``q``. With no child left, the
 extra token is drawn from ``q`` itself.
 
+Two helpers shared by every verifier sit here too: :func:`check_target_logits`
+(the shape and vocabulary checks) and :func:`follow_target`, the walk of the rules
+that compare candidates with one target token per row (``Greedy``'s argmax, the
+coupled rule's seeded draw).
+
 Shape glossary (docs/glossary): N tree nodes, V vocabulary, K children of a row.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from verispec.core.tree import IID, Deterministic, DraftTree, ProposalLaw, WithoutReplacement
+from verispec.core.types import Verdict
 from verispec.errors import NonFiniteLogitsError, TreeStructureError
 
 __all__ = [
     "RowRejection",
     "check_draft_shape",
+    "check_target_logits",
+    "follow_target",
     "row_acceptance",
     "row_output_law",
     "sample_index",
@@ -59,6 +67,55 @@ def check_draft_shape(law: ProposalLaw | None, vocab_size: int, row: int) -> Non
             f"`draft_probs` of row {row} must have shape (V,) = ({vocab_size},) to match "
             f"the target logits; got {tuple(law.draft_probs.shape)}."
         )
+
+
+def check_target_logits(tree: DraftTree, target_logits: torch.Tensor) -> None:
+    """Raise :class:`TreeStructureError` unless the logits fit the tree.
+
+    ``target_logits`` must be a float tensor of Shape: (N + 1, V), every tree token
+    below V, and every row's draft distribution of Shape: (V,).
+    """
+    n = tree.num_nodes
+    if (
+        not isinstance(target_logits, torch.Tensor)
+        or target_logits.dim() != 2
+        or target_logits.shape[0] != n + 1
+        or not target_logits.is_floating_point()
+    ):
+        raise TreeStructureError(
+            f"`target_logits` must be a float tensor of shape (N + 1, V) = ({n + 1}, V); "
+            f"got {getattr(target_logits, 'dtype', type(target_logits).__name__)} "
+            f"{tuple(getattr(target_logits, 'shape', ()))}."
+        )
+    vocab_size = target_logits.shape[1]
+    if n and int(tree.tokens.max()) >= vocab_size:
+        raise TreeStructureError(
+            f"tree tokens must be < V = {vocab_size}; got {int(tree.tokens.max())}."
+        )
+    for row, law in enumerate(tree.laws):
+        check_draft_shape(law, vocab_size, row)
+
+
+def follow_target(tree: DraftTree, target_token: Callable[[int, int], int]) -> Verdict:
+    """Walk down ``tree`` following one target token per row.
+
+    ``target_token(row, depth)`` is the target's token at the row (``depth`` 0 for the
+    root, so the row's token sits ``depth`` positions after the root's next token). At
+    each row the first child carrying that token is accepted and becomes the next
+    row; at the first row with no such child the walk ends and that token is the
+    extra token. Only the rows on the walk are asked for, in order.
+    """
+    tokens = tree.tokens.tolist()
+    children = tree.children
+    accepted: list[int] = []
+    row = 0
+    while True:
+        want = target_token(row, len(accepted))
+        nxt = next((c for c in children[row] if tokens[c] == want), None)
+        if nxt is None:
+            return Verdict(tuple(accepted), want)
+        accepted.append(nxt)
+        row = nxt + 1
 
 
 class RowRejection:

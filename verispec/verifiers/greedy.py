@@ -20,6 +20,7 @@ from verispec.core.types import Verdict
 from verispec.errors import TreeStructureError
 from verispec.kernels import ops
 from verispec.kernels.backend import backend_for, require_triton
+from verispec.verifiers._rules import follow_target
 
 __all__ = ["Greedy"]
 
@@ -73,14 +74,4 @@ class Greedy:
             def best_of(row: int) -> int:
                 return best[row]
 
-        tokens = tree.tokens.tolist()
-        children = tree.children
-        accepted: list[int] = []
-        row = 0
-        while True:
-            want = best_of(row)
-            nxt = next((c for c in children[row] if tokens[c] == want), None)
-            if nxt is None:
-                return Verdict(tuple(accepted), int(want))
-            accepted.append(nxt)
-            row = nxt + 1
+        return follow_target(tree, lambda row, depth: best_of(row))

@@ -41,7 +41,7 @@ from verispec.core.types import Verdict
 from verispec.errors import ConfigError, TreeStructureError
 from verispec.kernels import ops
 from verispec.kernels.backend import backend_for, require_triton
-from verispec.verifiers._rules import RowRejection, check_draft_shape, sample_indices
+from verispec.verifiers._rules import RowRejection, check_target_logits, sample_indices
 
 __all__ = ["RecursiveRejection"]
 
@@ -102,7 +102,7 @@ class RecursiveRejection:
         """
         if backend_for("rejection verification", target_logits.device, self.kernels) == "torch":
             return self.sample_verdicts(tree, target_logits, sampling, generator, 1)[0]
-        self._check(tree, target_logits)
+        check_target_logits(tree, target_logits)
         target_probs = sampling.probs(target_logits, torch.float64)  # (N + 1, V)
         # the coins of sample_verdicts(..., 1): one row of N + 1 uniforms from the generator
         coins = torch.rand(
@@ -132,7 +132,7 @@ class RecursiveRejection:
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ConfigError(f"`num_samples` must be an integer >= 1; got {num_samples!r}.")
         n = tree.num_nodes
-        self._check(tree, target_logits)
+        check_target_logits(tree, target_logits)
         # coins[s][i] for node i of sample s; coins[s][n] for its extra token
         coins = torch.rand(
             num_samples, n + 1, generator=generator, dtype=torch.float64, device=generator.device
@@ -190,28 +190,6 @@ class RecursiveRejection:
                 "DraftTree.from_parents(..., laws=...) or give `laws[row]`."
             )
         return _RowPlan(target_probs, RowRejection(target_probs, law, [tokens[c] for c in kids]))
-
-    @staticmethod
-    def _check(tree: DraftTree, target_logits: torch.Tensor) -> None:
-        n = tree.num_nodes
-        if (
-            not isinstance(target_logits, torch.Tensor)
-            or target_logits.dim() != 2
-            or target_logits.shape[0] != n + 1
-            or not target_logits.is_floating_point()
-        ):
-            raise TreeStructureError(
-                f"`target_logits` must be a float tensor of shape (N + 1, V) = ({n + 1}, V); "
-                f"got {getattr(target_logits, 'dtype', type(target_logits).__name__)} "
-                f"{tuple(getattr(target_logits, 'shape', ()))}."
-            )
-        vocab_size = target_logits.shape[1]
-        if n and int(tree.tokens.max()) >= vocab_size:
-            raise TreeStructureError(
-                f"tree tokens must be < V = {vocab_size}; got {int(tree.tokens.max())}."
-            )
-        for row, law in enumerate(tree.laws):
-            check_draft_shape(law, vocab_size, row)
 
 
 class _RowPlan:
