@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from verispec.models.llama import KVCache, Transformer, attend
-from verispec.models.runtime import BUCKETS, bucket_for
+from verispec.models.runtime import BUCKETS, BucketedForward
 
 __all__ = ["CompiledForward", "register_linear"]
 
@@ -58,7 +58,7 @@ def _packed_linear(x: torch.Tensor, key: int) -> torch.Tensor:
 
 
 @_packed_linear.register_fake
-def _packed_linear_shape(x: torch.Tensor, key: int) -> torch.Tensor:
+def _(x: torch.Tensor, key: int) -> torch.Tensor:
     return x.new_empty((x.shape[0], _LINEARS[key].out_features))
 
 
@@ -76,16 +76,8 @@ def _cached_attention(
 
 
 @_cached_attention.register_fake
-def _cached_attention_shape(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
-    where: torch.Tensor,
-    local_mask: torch.Tensor,
-) -> torch.Tensor:
-    return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))
+def _(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+    return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))  # (Q, H * D)
 
 
 def inductor_cache_dir() -> Path:
@@ -95,7 +87,7 @@ def inductor_cache_dir() -> Path:
     return root / "inductor"
 
 
-class CompiledForward:
+class CompiledForward(BucketedForward):
     """``Transformer.forward``, compiled per bucket of new-token counts (see module docstring).
 
     Attributes:
@@ -103,46 +95,37 @@ class CompiledForward:
     """
 
     def __init__(self, transformer: Transformer) -> None:
+        super().__init__(transformer)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
         import torch._dynamo
 
         # One graph per bucket and per layer choice (a self-draft is another graph).
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        self.transformer = transformer
-        self.setup_s = 0.0
         self._forward = torch.compile(transformer.forward, dynamic=False, fullgraph=True)
         self._warm: set[tuple[int, Any, int]] = set()
 
-    bucket = staticmethod(bucket_for)
-
-    def __call__(
+    def run_bucket(
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
         caches: list[KVCache],
         where: torch.Tensor,
         local_mask: torch.Tensor,
-        layers: tuple[int, ...] | None = None,
+        layers: tuple[int, ...] | None,
     ) -> torch.Tensor:
-        """The compiled forward where the pass has a bucket's shape, else the eager one."""
-        queries, width = local_mask.shape
-        if queries != width or queries not in BUCKETS:
-            return self.transformer(tokens, positions, caches, where, local_mask, layers)
-        key = (queries, layers, caches[0].capacity)  # a new capacity recompiles too
-        if key not in self._warm:  # compiles now: counted, never silently
-            start = time.perf_counter()
-            out = self._forward(tokens, positions, caches, where, local_mask, layers)
-            self.setup_s += time.perf_counter() - start
-            self._warm.add(key)
-            return out
-        return self._forward(tokens, positions, caches, where, local_mask, layers)
+        key = (len(tokens), layers, caches[0].capacity)  # a new capacity recompiles too
+        if key in self._warm:
+            return self._forward(tokens, positions, caches, where, local_mask, layers)
+        start = time.perf_counter()  # compiles now: counted, never silently
+        out = self._forward(tokens, positions, caches, where, local_mask, layers)
+        self.setup_s += time.perf_counter() - start
+        self._warm.add(key)
+        return out
 
     def warm_up(self, caches: list[KVCache], layers: tuple[int, ...] | None = None) -> float:
         """Compile every bucket for these caches (their slots are overwritten); return seconds."""
         before = self.setup_s
         for size in BUCKETS:
-            if (size, layers, caches[0].capacity) in self._warm:
-                continue
             tokens = torch.zeros(size, dtype=torch.long, device=caches[0].k.device)
             mask = torch.ones(size, size, dtype=torch.bool, device=tokens.device).tril_()
             with torch.inference_mode():

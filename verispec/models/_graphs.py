@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from verispec.models.llama import KVCache, Transformer
+from verispec.models.runtime import BUCKETS, BucketedForward
 
 __all__ = ["GraphedForward"]
 
@@ -44,7 +45,7 @@ class _Graph:
         self.out: torch.Tensor | None = None
 
 
-class GraphedForward:
+class GraphedForward(BucketedForward):
     """``Transformer.forward`` replayed from one CUDA graph per bucket (see module docstring).
 
     Attributes:
@@ -52,32 +53,21 @@ class GraphedForward:
     """
 
     def __init__(self, transformer: Transformer, *, capture: bool = True) -> None:
-        self.transformer = transformer
+        super().__init__(transformer)
         self.capture = capture
-        self.setup_s = 0.0
         self._graphs: dict[tuple[int, Any], _Graph] = {}
 
-    @staticmethod
-    def bucket(queries: int) -> int:
-        from verispec.models.runtime import bucket_for
-
-        return bucket_for(queries)
-
-    def __call__(
+    def run_bucket(
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
         caches: list[KVCache],
         where: torch.Tensor,
         local_mask: torch.Tensor,
-        layers: tuple[int, ...] | None = None,
+        layers: tuple[int, ...] | None,
     ) -> torch.Tensor:
-        """Replay the bucket's graph where the pass has a bucket's shape, else run eagerly."""
-        queries, width = local_mask.shape
-        if queries != width or queries != self.bucket(queries):
-            return self.transformer(tokens, positions, caches, where, local_mask, layers)
-        key = (queries, layers)
-        entry = self._graphs.get(key) or _Graph(queries, caches[0].k.device)
+        key = (len(tokens), layers)
+        entry = self._graphs.get(key) or _Graph(len(tokens), caches[0].k.device)
         self._graphs[key] = entry
         entry.tokens.copy_(tokens, non_blocking=True)
         entry.positions.copy_(positions, non_blocking=True)
@@ -93,8 +83,6 @@ class GraphedForward:
 
     def warm_up(self, caches: list[KVCache], layers: tuple[int, ...] | None = None) -> float:
         """Capture every bucket's graph now (before any sequence); return the seconds."""
-        from verispec.models.runtime import BUCKETS
-
         before = self.setup_s
         for size in BUCKETS:
             entry = self._graphs.setdefault((size, layers), _Graph(size, caches[0].k.device))

@@ -23,6 +23,7 @@ Shape glossary: N tree nodes, V vocabulary, P pending tokens, Q fed tokens.
 
 from __future__ import annotations
 
+import abc
 import itertools
 from collections.abc import Sequence
 
@@ -61,7 +62,7 @@ def layer_indices(layers: int | Sequence[int] | None, num_layers: int) -> tuple[
     return chosen
 
 
-class TreeSequenceModel:
+class TreeSequenceModel(abc.ABC):
     """The :class:`~verispec.core.types.LanguageModel` protocol over a slot-addressed cache.
 
     Subclasses set ``vocab_size``, ``max_length`` and ``device`` and implement the hooks.
@@ -81,6 +82,7 @@ class TreeSequenceModel:
 
     # -- hooks --------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def _feed(
         self,
         tokens: torch.Tensor,
@@ -97,15 +99,16 @@ class TreeSequenceModel:
         allows. ``local_mask=None`` means a causal pass with ``W = Q``. Returns float
         logits of the last ``keep_rows`` rows (``None``: every row; ``0``: none).
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _compact(self, start: int, source: torch.Tensor) -> None:
         """Entries ``start + j`` become copies of entries ``source[j]`` (int64, Shape: (n,))."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _truncate(self, length: int) -> None:
         """Only the first ``length`` entries are valid from now on."""
 
+    @abc.abstractmethod
     def _clear(self) -> None:
         """Forget every entry."""
 

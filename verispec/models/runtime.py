@@ -31,6 +31,7 @@ Shape glossary: N tree nodes, V vocabulary, Q fed tokens, E model width.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +44,7 @@ from verispec.models.llama import KVCache, Transformer, from_hf
 
 __all__ = [
     "BUCKETS",
+    "BucketedForward",
     "FastModel",
     "PackedLinear",
     "bf16_supported",
@@ -85,6 +87,56 @@ def cpu_features() -> list[str]:
 def bucket_for(queries: int) -> int:
     """The smallest bucket holding ``queries`` new tokens (past the last bucket: itself)."""
     return next((size for size in BUCKETS if queries <= size), queries)
+
+
+class BucketedForward(abc.ABC):
+    """A forward built once per bucket (compiled, or captured as CUDA graphs) around the plain
+    :class:`~verispec.models.llama.Transformer`, which serves every other pass.
+
+    A pass has a bucket's shape when its Q new tokens fill a bucket and see only the
+    committed slots and each other (``local_mask`` is square): the target's steps and the
+    prefill. A draft model growing a tree (``extend_from``) sees more slots: it runs eagerly.
+
+    Attributes:
+        setup_s: seconds spent building (compiling or capturing) so far.
+    """
+
+    bucket = staticmethod(bucket_for)
+
+    def __init__(self, transformer: Transformer) -> None:
+        self.transformer = transformer
+        self.setup_s = 0.0
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[KVCache],
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
+        layers: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        """As :meth:`Transformer.forward <verispec.models.llama.Transformer.forward>`."""
+        queries, width = local_mask.shape
+        if queries != width or queries != bucket_for(queries):
+            return self.transformer(tokens, positions, caches, where, local_mask, layers)
+        return self.run_bucket(tokens, positions, caches, where, local_mask, layers)
+
+    @abc.abstractmethod
+    def run_bucket(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[KVCache],
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
+        layers: tuple[int, ...] | None,
+    ) -> torch.Tensor:
+        """The built forward of the bucket ``len(tokens)`` (built now if it is not yet)."""
+
+    @abc.abstractmethod
+    def warm_up(self, caches: list[KVCache], layers: tuple[int, ...] | None = None) -> float:
+        """Build every bucket for these caches now; return the seconds it took."""
 
 
 def bf16_supported() -> bool:
@@ -415,6 +467,9 @@ class FastModel(TreeSequenceModel):
 
     def _clear(self) -> None:
         """Nothing to free: the buffers serve the next sequence (stale slots are masked)."""
+
+    def _truncate(self, length: int) -> None:
+        """Nothing to move: a pass writes its slots and attends only to those before them."""
 
     def _compact(self, start: int, source: torch.Tensor) -> None:
         from verispec.kernels.ops import compact_kv
