@@ -267,3 +267,25 @@ def test_bad_api_input_is_a_config_error_naming_the_argument(what, call, name) -
         call()
     assert isinstance(info.value, ValueError)
     assert f"`{name}`" in str(info.value), str(info.value)
+
+
+class _Reserving(CountingModel):
+    """The counting model with the optional ``reserve`` capability, recording its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reserved: list[int] = []
+
+    def reserve(self, tokens: int) -> None:
+        self.reserved.append(tokens)
+
+
+def test_a_target_that_can_reserve_is_told_the_longest_context() -> None:
+    """Before each generation the decoder tells a target offering ``reserve`` the prompt length
+    plus max_new_tokens; a target without it is not asked."""
+    model = _Reserving()
+    decoder = SpeculativeDecoder(model, OracleDrafter(7, 2))
+    decoder.generate([1, 2, 3], max_new_tokens=9)
+    decoder.generate([4], max_new_tokens=5)
+    assert model.reserved == [12, 6]
+    SpeculativeDecoder(CountingModel()).generate([1, 2], max_new_tokens=3)  # no reserve: fine

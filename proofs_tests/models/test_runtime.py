@@ -304,3 +304,24 @@ def test_smollm2_drafters_token_identical_to_ar(smollm2_hf: tuple, dtype: torch.
             assert result.tokens == plain.tokens, type(drafter).__name__
             accepted[i] += sum(step.accepted for step in result.steps)
     assert all(count > 0 for count in accepted), accepted
+
+
+def test_a_generation_allocates_its_cache_once() -> None:
+    """Decoding 1,100 tokens after a short prompt never grows the cache: the decoder reserves
+    prompt + max_new_tokens (plus a tree) before the prefill, so the buffers allocated then serve
+    the whole generation."""
+    model = FastModel(tiny_model("llama", vocab_size=V, seed=1, max_length=2048).hf_model)
+    decoder = SpeculativeDecoder(model, None, Greedy())
+    allocations = []
+    reserve = model._reserve
+
+    def counting(slots: int) -> None:
+        before = model._caches[0].k if model._caches else None
+        reserve(slots)
+        if model._caches[0].k is not before:
+            allocations.append(model._caches[0].capacity)
+
+    model._reserve = counting  # type: ignore[method-assign]
+    result = decoder.generate([1, 2, 3], max_new_tokens=1100, eos_token_ids=[])
+    assert len(result.tokens) == 1100
+    assert len(allocations) == 1 and allocations[0] >= 3 + 1100

@@ -327,6 +327,12 @@ class SpeculativeDecoder:
         eos_ids = self._eos_ids(config)
         generator = torch.Generator(device="cpu").manual_seed(config.seed)
 
+        # A target that can size its cache to the generation's longest context does it now,
+        # once, instead of growing it mid-generation (an optional capability: ``reserve``).
+        reserve = getattr(self.target, "reserve", None)
+        if callable(reserve):
+            reserve(len(ids) + config.max_new_tokens)
+
         clock = self._clock
         start = clock()
         self.target.prefill(torch.tensor(ids, dtype=torch.long))

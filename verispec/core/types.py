@@ -220,6 +220,10 @@ class LanguageModel(Protocol):
     and of the accepted nodes (a gather, so side branches work), drops the rest of
     the tree, and makes every accepted node that was not fed, then ``extra_token``,
     pending.
+
+    Optional: a model may offer ``reserve(tokens: int)``; the decoder then calls it before
+    each generation with the prompt length plus ``max_new_tokens``, so the model can
+    allocate its cache once (``FastModel`` does).
     """
 
     vocab_size: int

@@ -476,6 +476,14 @@ class FastModel(TreeSequenceModel):
 
         compact_kv([t for c in self._caches for t in (c.k, c.v)], start, source)
 
+    def reserve(self, tokens: int) -> None:
+        """Size the cache for a sequence of up to ``tokens`` committed tokens plus a tree.
+
+        The decoder calls it before each generation with the prompt length plus
+        ``max_new_tokens``, so the cache is allocated once, not grown mid-generation.
+        """
+        self._reserve(min(tokens, self.max_length) + BUCKETS[-1] + _SLOT_ALIGN)
+
     def _reserve(self, slots: int) -> None:
         """Make every cache hold at least ``slots`` slots (allocate, or double and copy)."""
         capacity = self._caches[0].capacity if self._caches else 0
