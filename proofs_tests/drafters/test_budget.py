@@ -79,7 +79,7 @@ def test_latency_for_caches_on_disk(tiny, tmp_path, monkeypatch) -> None:
     """The first call measures and writes the cache; the next reads it; remeasure measures."""
     calls: list[int] = []
 
-    def fake(model, sizes):
+    def fake(model, sizes, **options):
         calls.append(1)
         return LatencyTable(
             [0, *sizes], [1.0] + [2.0] * len(sizes), budget_module.device_key(model)
@@ -102,3 +102,32 @@ def test_runtimes_of_one_model_measure_their_own_tables(tiny) -> None:
     runtime = FastModel(tiny.hf_model)
     assert budget_module.device_key(runtime) != budget_module.device_key(tiny)
     assert "FastModel" in budget_module.device_key(runtime)
+
+
+def test_step_time_depends_on_the_context() -> None:
+    """A table measured at several contexts reads T(n) between them (and along the last slope
+    beyond), and choose_budget picks a smaller tree where a long context makes trees dearer."""
+    table = LatencyTable([0, 16], [1.0, 1.2], contexts=[256, 1024], longer=[[1.2, 4.8]])
+    assert table.at(16).item() == pytest.approx(1.2)  # no context: the first row
+    assert table.at(16, context=640).item() == pytest.approx(3.0)
+    assert table.at(16, context=1792).item() == pytest.approx(8.4)
+    assert table.at(16, context=10).item() == pytest.approx(1.2)  # below: the first row
+    values = [0.1] * 16
+    assert choose_budget(values, table, context=256) == 16
+    assert choose_budget(values, table, context=1024) < 16
+    round_trip = LatencyTable.from_json(table.to_json())
+    assert round_trip == table
+
+
+def test_contexts_must_match_the_rows() -> None:
+    """A context per row, increasing: anything else is refused with ConfigError."""
+    with pytest.raises(ConfigError, match="contexts must be increasing"):
+        LatencyTable([0, 4], [1.0, 1.1], contexts=[256, 1024])
+    with pytest.raises(ConfigError, match="contexts must be increasing"):
+        LatencyTable([0, 4], [1.0, 1.1], contexts=[1024, 256], longer=[[1.0, 1.2]])
+
+
+def test_measure_latency_at_several_contexts(tiny) -> None:
+    """measure_latency gives one row per context that fits the model, longest context last."""
+    table = measure_latency(tiny, [2], context=[16, 64, 100000], repeats=1, warmup=0)
+    assert table.contexts == (16, 64) and len(table.rows) == 2

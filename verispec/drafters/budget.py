@@ -39,6 +39,7 @@ from verispec.core.types import LanguageModel
 from verispec.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_CONTEXTS",
     "DEFAULT_SIZES",
     "LatencyTable",
     "choose_budget",
@@ -48,66 +49,126 @@ __all__ = [
 ]
 
 DEFAULT_SIZES: tuple[int, ...] = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_CONTEXTS: tuple[int, ...] = (256, 1024, 2048)  # committed tokens the table is measured at
 
 
 def _check_table(instance: LatencyTable, attribute: attrs.Attribute, value: Any) -> None:
-    sizes, seconds = instance.sizes, instance.seconds
-    if len(sizes) != len(seconds) or not sizes:
+    sizes, rows, contexts = instance.sizes, instance.rows, instance.contexts
+    if any(len(row) != len(sizes) for row in rows) or not sizes:
         raise ConfigError(
-            f"a latency table needs one time per size; got {len(sizes)} sizes and "
-            f"{len(seconds)} times."
+            f"a latency table needs one time per size in every row; got {len(sizes)} sizes "
+            f"and rows of {[len(row) for row in rows]} times."
         )
     if list(sizes) != sorted(set(sizes)) or sizes[0] != 0:
         raise ConfigError(
             f"latency table sizes must be increasing, distinct and start at 0; got {list(sizes)}."
         )
-    if any(not (t > 0) for t in seconds):
-        raise ConfigError(f"latency table times must be > 0 seconds; got {list(seconds)}.")
+    if len(contexts) != len(rows) or list(contexts) != sorted(set(contexts)) or contexts[0] < 0:
+        raise ConfigError(
+            f"latency table contexts must be increasing, >= 0 and one per row; got "
+            f"{list(contexts)} for {len(rows)} rows."
+        )
+    if any(not (t > 0) for row in rows for t in row):
+        raise ConfigError(f"latency table times must be > 0 seconds; got {list(rows)}.")
+
+
+def _floats(value: Any) -> tuple[float, ...]:
+    return tuple(float(x) for x in value)
+
+
+def _rows(value: Any) -> tuple[tuple[float, ...], ...]:
+    return tuple(_floats(row) for row in value)
+
+
+def _interpolate(xs: torch.Tensor, ys: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Linear between the points ``(xs, ys)`` (xs increasing), along the end slopes beyond."""
+    if len(xs) == 1:
+        return ys[0].expand_as(x).clone()
+    hi = torch.searchsorted(xs, x, right=True).clamp(1, len(xs) - 1)
+    lo = hi - 1
+    slope = (ys[hi] - ys[lo]) / (xs[hi] - xs[lo])
+    return ys[lo] + slope * (x - xs[lo])
 
 
 @attrs.frozen
 class LatencyTable:
-    """Measured seconds of one target step for a grid of tree sizes.
+    """Measured seconds of one target step for a grid of tree sizes, at one or more contexts.
+
+    A step's cost grows with the tree and, through attention, with the committed context, so
+    a table may hold one row of times per context length measured.
 
     Attributes:
         sizes: tree sizes measured, increasing, starting at 0 (the plain decoding step).
-        seconds: median seconds of one ``forward_tree`` at each size.
+        seconds: median seconds of one ``forward_tree`` at each size, at ``contexts[0]``.
         key: what was measured (model, dtype, device), see :func:`device_key`.
+        contexts: committed tokens each row was measured after, increasing (``(0,)``: one
+            row, context not recorded).
+        longer: the rows of ``contexts[1:]``, one time per size each.
     """
 
     sizes: tuple[int, ...] = attrs.field(converter=lambda v: tuple(int(x) for x in v))
-    seconds: tuple[float, ...] = attrs.field(
-        converter=lambda v: tuple(float(x) for x in v), validator=_check_table
-    )
+    seconds: tuple[float, ...] = attrs.field(converter=_floats)
     key: str = ""
+    contexts: tuple[int, ...] = attrs.field(
+        default=(0,), converter=lambda v: tuple(int(x) for x in v)
+    )
+    longer: tuple[tuple[float, ...], ...] = attrs.field(
+        default=(), converter=_rows, validator=_check_table
+    )
 
-    def at(self, n: torch.Tensor | Sequence[int] | int) -> torch.Tensor:
-        """``T(n)``: linear between measured sizes, and beyond the last along the last slope.
+    @property
+    def rows(self) -> tuple[tuple[float, ...], ...]:
+        """Times per size, one row per context: ``(seconds, *longer)``."""
+        return (self.seconds, *self.longer)
+
+    def at(self, n: torch.Tensor | Sequence[int] | int, context: int | None = None) -> torch.Tensor:
+        """``T(n)`` after ``context`` committed tokens (``None``: the first row's context).
+
+        Linear between measured sizes and contexts, and beyond the last along the last
+        slope (below the first context: the first row).
 
         Returns:
             float64, the shape of ``n``.
         """
-        n_t = torch.as_tensor(n, dtype=torch.float64)
+        n_t = torch.as_tensor(n, dtype=torch.float64).clamp(min=0)
         xs = torch.tensor(self.sizes, dtype=torch.float64)
-        ys = torch.tensor(self.seconds, dtype=torch.float64)
-        if len(xs) == 1:
-            return ys[0].expand_as(n_t).clone()
-        hi = torch.searchsorted(xs, n_t.clamp(min=0), right=True).clamp(1, len(xs) - 1)
-        lo = hi - 1
-        slope = (ys[hi] - ys[lo]) / (xs[hi] - xs[lo])
-        return ys[lo] + slope * (n_t - xs[lo])
+        per_row = [
+            _interpolate(xs, torch.tensor(row, dtype=torch.float64), n_t) for row in self.rows
+        ]
+        if context is None or len(per_row) == 1:
+            return per_row[0]
+        stacked = torch.stack(per_row, -1)  # (..., contexts)
+        at = torch.tensor(float(max(context, self.contexts[0])), dtype=torch.float64)
+        cs = torch.tensor(self.contexts, dtype=torch.float64)
+        hi = int(torch.searchsorted(cs, at, right=True).clamp(1, len(cs) - 1))
+        weight = (at - cs[hi - 1]) / (cs[hi] - cs[hi - 1])
+        return stacked[..., hi - 1] + weight * (stacked[..., hi] - stacked[..., hi - 1])
 
     @property
     def max_size(self) -> int:
         return self.sizes[-1]
 
     def to_json(self) -> str:
-        return json.dumps({"key": self.key, "sizes": self.sizes, "seconds": self.seconds})
+        return json.dumps(
+            {
+                "key": self.key,
+                "sizes": self.sizes,
+                "seconds": self.seconds,
+                "contexts": self.contexts,
+                "longer": self.longer,
+            }
+        )
 
     @classmethod
     def from_json(cls, text: str) -> LatencyTable:
         data = json.loads(text)
-        return cls(data["sizes"], data["seconds"], data.get("key", ""))
+        return cls(
+            data["sizes"],
+            data["seconds"],
+            data.get("key", ""),
+            data.get("contexts", (0,)),
+            data.get("longer", ()),
+        )
 
     def save(self, path: str | os.PathLike[str]) -> None:
         target = Path(path)
@@ -121,20 +182,26 @@ class LatencyTable:
         return cls.from_json(Path(path).read_text())
 
 
-def choose_budget(values_sorted_desc: torch.Tensor | Sequence[float], latency: LatencyTable) -> int:
+def choose_budget(
+    values_sorted_desc: torch.Tensor | Sequence[float],
+    latency: LatencyTable,
+    context: int | None = None,
+) -> int:
     """The tree size ``n`` that maximises ``(1 + sum of the first n values) / T(n)``.
 
     Args:
         values_sorted_desc: float, Shape: (M,). Acceptance probability of each candidate
             node, largest first (a prefix must be a connected tree).
         latency: the target's step time by tree size.
+        context: committed tokens now; ``T`` is read at this context (attention grows with
+            it), ``None``: the table's first context.
 
     Returns:
         ``n`` in ``[0, M]``; the smallest such ``n`` on ties.
     """
     values = torch.as_tensor(values_sorted_desc, dtype=torch.float64).reshape(-1)
     expected = torch.cat([torch.ones(1, dtype=torch.float64), 1.0 + values.cumsum(0)])  # (M + 1,)
-    rate = expected / latency.at(torch.arange(values.numel() + 1))
+    rate = expected / latency.at(torch.arange(values.numel() + 1), context)
     return int(rate.argmax())
 
 
@@ -149,20 +216,23 @@ def measure_latency(
     model: LanguageModel,
     sizes: Sequence[int] = DEFAULT_SIZES,
     *,
-    context: int = 256,
+    context: int | Sequence[int] = 256,
     repeats: int = 5,
     warmup: int = 2,
 ) -> LatencyTable:
     """Time one target step (``forward_tree``) for every tree size in ``sizes``.
 
-    The model is prefilled with ``context`` random tokens, each size is run ``warmup``
-    times untimed and ``repeats`` times timed (the median is kept; CUDA is synchronised),
-    and the model is reset afterwards. Every repetition builds a fresh tree, so the
-    tree-mask work each real step does is included.
+    For each context length, the model is prefilled with that many random tokens, each size
+    is run ``warmup`` times untimed and ``repeats`` times timed (the median is kept; CUDA is
+    synchronised), and the model is reset afterwards. Every repetition builds a fresh tree,
+    so the tree-mask work each real step does is included.
 
     Args:
         model: the target.
         sizes: tree sizes; 0 (plain decoding) is added if missing.
+        context: the committed tokens to measure after, one length or several (one row of
+            the table each); lengths that do not fit the model's context with the largest
+            tree are left out, and at least one (shortened) length is always measured.
 
     Raises:
         ConfigError: a negative size, or sizes that do not fit the model's context.
@@ -172,11 +242,21 @@ def measure_latency(
         raise ConfigError(f"`sizes` must be >= 0; got {grid[0]}.")
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"`repeats` must be >= 1 and `warmup` >= 0; got {repeats}, {warmup}.")
-    context = max(1, min(context, model.max_length - grid[-1] - 1))
-    if context + grid[-1] >= model.max_length:
+    if grid[-1] + 2 > model.max_length:
         raise ConfigError(
             f"a tree of {grid[-1]} nodes does not fit the model's context of {model.max_length}."
         )
+    wanted = sorted({int(c) for c in ([context] if isinstance(context, int) else context)})
+    room = model.max_length - grid[-1] - 1
+    contexts = [c for c in wanted if 1 <= c <= room] or [max(1, min(wanted[0], room))]
+    rows = [_measure_row(model, grid, c, repeats, warmup) for c in contexts]
+    return LatencyTable(grid, rows[0], device_key(model), contexts, rows[1:])
+
+
+def _measure_row(
+    model: LanguageModel, grid: list[int], context: int, repeats: int, warmup: int
+) -> list[float]:
+    """Median seconds of one step per tree size after ``context`` random tokens."""
     generator = torch.Generator().manual_seed(0)
     model.prefill(torch.randint(model.vocab_size, (context,), generator=generator))
     device = getattr(model, "device", torch.device("cpu"))
@@ -196,7 +276,7 @@ def measure_latency(
             seconds.append(statistics.median(times))
     finally:
         model.reset()
-    return LatencyTable(grid, seconds, device_key(model))
+    return seconds
 
 
 def device_key(model: Any) -> str:
@@ -228,25 +308,32 @@ def latency_for(
     model: LanguageModel,
     *,
     sizes: Sequence[int] = DEFAULT_SIZES,
+    contexts: Sequence[int] = DEFAULT_CONTEXTS,
     remeasure: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> LatencyTable:
     """The model's latency table from the on-disk cache, measured (and cached) if missing.
 
-    The cache file is named after :func:`device_key` (model, dtype, device, CPU threads),
-    under ``$VERISPEC_CACHE/latency`` or ``~/.cache/verispec/latency``.
-    ``remeasure=True`` measures again and overwrites it.
+    The cache file is named after :func:`device_key` (model, dtype, device, CPU threads,
+    runtime), under ``$VERISPEC_CACHE/latency`` or ``~/.cache/verispec/latency``. A cached
+    table that lacks a requested size, or a requested context that fits the model, is
+    measured again; ``remeasure=True`` always measures and overwrites it.
     """
     key = device_key(model)
     folder = Path(cache_dir) if cache_dir is not None else _cache_dir()
     path = folder / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+    fitting = {c for c in contexts if c + max(sizes, default=0) < model.max_length}
     if not remeasure and path.is_file():
         try:
             table = LatencyTable.load(path)
-            if table.key == key and set(sizes) <= set(table.sizes) | {0}:
+            if (
+                table.key == key
+                and set(sizes) <= set(table.sizes) | {0}
+                and fitting <= set(table.contexts)
+            ):
                 return table
-        except (ValueError, KeyError, OSError):
+        except (ValueError, KeyError, OSError, TypeError):
             pass  # a corrupt or foreign file: measure again
-    table = measure_latency(model, sizes)
+    table = measure_latency(model, sizes, context=contexts)
     table.save(path)
     return table

@@ -357,7 +357,7 @@ class DynamicTokenRecycling:
         order = torch.argsort(val, descending=True, stable=True)  # parents before children
         if self.budget == "auto":
             assert self.latency is not None
-            n = choose_budget(val[order][:width], self.latency)
+            n = choose_budget(val[order][:width], self.latency, context=len(state.tokens))
         else:
             n = int(self.budget)
         chosen = order[: min(n, width)]

@@ -175,7 +175,9 @@ class DySpec(DraftModelDrafter):
         size = positive_int("budget", budget)
         self.budget: int | str = "auto" if self.latency is not None else size
         self.max_budget = size  # the most nodes a step may hold
-        self._seconds: list[float] = []  # T(0..M) for the last cap M, with "auto"
+        self._seconds: list[float] = []  # T(0..M) for the last cap M and context, with "auto"
+        self._seconds_for: tuple[int, int] = (-1, -1)  # (M, context) of _seconds
+        self._context = 0  # committed tokens at this step (T grows with it)
         self.max_depth = None if max_depth is None else positive_int("max_depth", max_depth)
         self.node_values: list[float] = []
         self.next_slot_value = 0.0
@@ -243,6 +245,7 @@ class DySpec(DraftModelDrafter):
 
     def propose(self, state: DecodeState) -> DraftTree:
         limit = self.node_limit(state, self.max_budget)
+        self._context = len(state.tokens)
         self.node_values, self.next_slot_value = [], 0.0
         seconds = self._latency_grid(limit)
         if limit == 0 or (seconds and _stops_at(0, 0.0, 1.0, seconds)):
@@ -287,11 +290,16 @@ class DySpec(DraftModelDrafter):
         self.next_slot_value = -heap[0][0] if heap else 0.0
 
     def _latency_grid(self, limit: int) -> list[float]:
-        """``T(0), ..., T(limit)`` from the latency table; empty without ``"auto"``."""
+        """``T(0), ..., T(limit)`` at this step's context; empty without ``"auto"``.
+
+        Read again when the context has grown by 64 tokens (attention's share grows with it).
+        """
         if self.latency is None:
             return []
-        if len(self._seconds) != limit + 1:
-            self._seconds = self.latency.at(torch.arange(limit + 1)).tolist()
+        wanted = (limit, self._context // 64)
+        if self._seconds_for != wanted:
+            times = self.latency.at(torch.arange(limit + 1), context=64 * wanted[1])
+            self._seconds, self._seconds_for = times.tolist(), wanted
         return self._seconds
 
     def _grow_threshold(self, threshold: float) -> None:
