@@ -52,13 +52,7 @@ def _non_negative_int(text: str) -> int:
 
 def _model_options(parser: argparse.ArgumentParser, threads: int | None = None) -> None:
     group = parser.add_argument_group("model")
-    group.add_argument(
-        "--model",
-        choices=("smollm2", "tiny"),
-        default="smollm2",
-        help="smollm2: the embedded SmolLM2-135M-Instruct (default); tiny: a random "
-        "4-layer Llama with a byte tokenizer, to check the pipeline in seconds",
-    )
+    _model_source_options(group)
     group.add_argument(
         "--dtype",
         choices=_DTYPES,
@@ -90,6 +84,103 @@ def _model_options(parser: argparse.ArgumentParser, threads: int | None = None) 
         if threads
         else "CPU threads for torch (default: torch's own choice, all cores)",
     )
+
+
+_BUILTIN_MODELS = ("smollm2", "tiny")
+
+
+def _model_source_options(group: Any) -> None:
+    """``--model``, ``--tokenizer`` and ``--draft-model``."""
+    group.add_argument(
+        "--model",
+        default="smollm2",
+        metavar="MODEL",
+        help="smollm2: the embedded SmolLM2-135M-Instruct (default); tiny: a random "
+        "4-layer Llama with a byte tokenizer, to check the pipeline in seconds; or a local "
+        "transformers model directory (save_pretrained) or a .gguf file",
+    )
+    group.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="the tokenizer's directory, when --model's directory has none (a GGUF file "
+        "carries its own)",
+    )
+    group.add_argument(
+        "--draft-model",
+        metavar="PATH",
+        help="a model directory or .gguf file for the draft-model methods (chain, "
+        "specinfer, dyspec, rsdc, rsds) instead of the target's self-draft; it must share "
+        "the target's vocabulary",
+    )
+
+
+def _check_model_source(args: argparse.Namespace) -> None:
+    """``--model``, ``--tokenizer`` and ``--draft-model`` name what exists (before loading)."""
+    from verispec.errors import ConfigError
+    from verispec.models.loading import model_source
+
+    if args.model not in _BUILTIN_MODELS:
+        model_source(args.model)
+    elif args.tokenizer is not None:
+        raise ConfigError(
+            f"`--tokenizer` goes with a model directory or GGUF file; `--model {args.model}` "
+            "has its own tokenizer."
+        )
+    if args.draft_model is not None:
+        model_source(args.draft_model)
+
+
+def _load_model_source(
+    args: argparse.Namespace, dtype: Any, device: str, runtime: str
+) -> tuple[Any, Any]:
+    """The target and its tokenizer from ``--model`` (and ``--tokenizer``)."""
+    if args.model == "tiny":
+        from verispec.bench.smoke import load_smoke_model
+
+        return load_smoke_model(dtype=dtype, device=device, runtime=runtime)
+    if args.model == "smollm2":
+        from verispec.models.default import load_default_model
+
+        return load_default_model(dtype=dtype, device=device, runtime=runtime)
+    from verispec.models.loading import load_model
+
+    return load_model(
+        args.model, tokenizer=args.tokenizer, dtype=dtype, device=device, runtime=runtime
+    )
+
+
+def _load_draft_model(args: argparse.Namespace, target: Any, tokenizer: Any) -> Any:
+    """``--draft-model``, loaded like the target and checked against its vocabulary."""
+    if args.draft_model is None:
+        return None
+    from verispec.errors import IncompatibleModelsError
+    from verispec.models.loading import load_model
+    from verispec.models.self_draft import check_compatible
+
+    draft, draft_tokenizer = load_model(
+        args.draft_model, dtype=target.dtype, device=target.device, runtime=args.runtime
+    )
+    check_compatible(target, draft)
+    vocab = getattr(tokenizer, "get_vocab", None)
+    draft_vocab = getattr(draft_tokenizer, "get_vocab", None)
+    if vocab is not None and draft_vocab is not None and vocab() != draft_vocab():
+        raise IncompatibleModelsError(
+            f"the draft model's tokenizer (`{args.draft_model}`) maps tokens to ids "
+            "differently from the target's; a draft must use the target's tokenizer."
+        )
+    print(f"verispec: draft model: {args.draft_model} ({draft.runtime_note})", file=sys.stderr)
+    return draft
+
+
+def _gguf_of(args: argparse.Namespace) -> str | None:
+    """The GGUF file the target comes from (for the llama-cpp peers), if any."""
+    if args.model == "smollm2":
+        from verispec.models.default import _package_gguf
+
+        return str(_package_gguf())
+    if args.model not in _BUILTIN_MODELS and args.model.lower().endswith(".gguf"):
+        return args.model
+    return None
 
 
 def _kernel_option(parser: argparse.ArgumentParser) -> None:
@@ -262,20 +353,20 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     from verispec.models.runtime import default_dtype
 
     dtype = default_dtype(device) if args.dtype == "auto" else getattr(torch, args.dtype)
-    options = {"runtime": args.runtime}
-    if args.model == "tiny":
-        from verispec.bench.smoke import load_smoke_model
-
-        model, tokenizer = load_smoke_model(dtype=dtype, device=device, **options)
-    else:
-        from verispec.models.default import load_default_model
-
-        model, tokenizer = load_default_model(dtype=dtype, device=device, **options)
+    model, tokenizer = _load_model_source(args, dtype, device, args.runtime)
     print(
         f"verispec: target: {model.runtime_note}; {torch.get_num_threads()} CPU thread(s)",
         file=sys.stderr,
     )
     return model, tokenizer
+
+
+def _context(args: argparse.Namespace, model: Any, tokenizer: Any) -> Any:
+    """The benchmark context: the target, ``--draft-model`` and the GGUF file."""
+    from verispec.bench.runner import make_context
+
+    draft = _load_draft_model(args, model, tokenizer)
+    return make_context(model, tokenizer, draft_model=draft, gguf=_gguf_of(args))
 
 
 _OUTPUTS = ("json", "markdown", "plot", "mat_plot")
@@ -385,7 +476,7 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from verispec.bench.output import machine_info
     from verispec.bench.prompts import load_questions, select_questions, shipped_questions
     from verispec.bench.report import summarise
-    from verispec.bench.runner import BenchConfig, build_runners, make_context, run_bench
+    from verispec.bench.runner import BenchConfig, build_runners, run_bench
     from verispec.errors import ConfigError
 
     # 1. everything a user can get wrong, before the model loads
@@ -408,10 +499,11 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     )
     outputs = _check_outputs(args)
     kernels = _kernel_scope(args)
+    _check_model_source(args)
 
     # 2. load and run
     model, tokenizer = _load(args)
-    context = make_context(model, tokenizer)
+    context = _context(args, model, tokenizer)
     answers = len(specs) * sum(len(q.turns) for q in questions)
     print(
         f"verispec bench: {len(specs)} methods x {len(questions)} questions "
@@ -485,7 +577,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from verispec.bench.methods import METHODS
     from verispec.bench.prompts import build_prompt_ids
     from verispec.bench.registry import parse_methods
-    from verispec.bench.runner import BenchConfig, build_runners, make_context
+    from verispec.bench.runner import BenchConfig, build_runners
     from verispec.errors import ConfigError
 
     specs = parse_methods(args.method, METHODS)
@@ -501,8 +593,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     check_available(specs)
     kernels = _kernel_scope(args)
+    _check_model_source(args)
     model, tokenizer = _load(args)
-    context = make_context(model, tokenizer)
+    context = _context(args, model, tokenizer)
     ids = build_prompt_ids(tokenizer, [{"role": "user", "content": args.prompt}], chat=args.chat)
     with kernels:
         runner = build_runners(context, specs)[specs[0].label]

@@ -106,11 +106,14 @@ def check_available(specs: Sequence[MethodSpec]) -> None:
         raise ConfigError("method(s) not available in this installation: " + "; ".join(problems))
 
 
-def make_context(target: Any, tokenizer: Any) -> BenchContext:
+def make_context(
+    target: Any, tokenizer: Any, *, draft_model: Any = None, gguf: str | None = None
+) -> BenchContext:
     """A :class:`BenchContext` for a verispec model and its tokenizer.
 
     End-of-sequence ids are the union of the tokenizer's and the model's, so every
-    method stops on the same tokens.
+    method stops on the same tokens. ``draft_model``: a separate draft for the
+    draft-model methods; ``gguf``: the GGUF file of the target, for the llama-cpp peers.
     """
     eos: list[int] = []
     for source in (getattr(tokenizer, "eos_token_id", None), getattr(target, "eos_token_id", None)):
@@ -124,6 +127,8 @@ def make_context(target: Any, tokenizer: Any) -> BenchContext:
         tokenizer=tokenizer,
         hf_model=getattr(target, "hf_model", None),
         eos_token_ids=tuple(eos),
+        draft_model=draft_model,
+        gguf=gguf,
     )
 
 

@@ -55,12 +55,18 @@ class BenchContext:
         hf_model: the underlying ``transformers`` model, for the ``hf*`` peers; ``None``
             when the target has none.
         eos_token_ids: end-of-sequence ids used by every method alike.
+        draft_model: a separate draft model for the draft-model methods (``--draft-model``);
+            ``None``: they draft with a self-draft of the target.
+        gguf: the GGUF file the target was loaded from, for the ``llama-cpp`` peers;
+            ``None`` when there is none.
     """
 
     target: LanguageModel
     tokenizer: Any
     hf_model: Any = None
     eos_token_ids: tuple[int, ...] = ()
+    draft_model: Any = None
+    gguf: str | None = None
 
     @property
     def device(self) -> torch.device:
