@@ -466,8 +466,51 @@ def _bench_specs(args: argparse.Namespace) -> list[Any]:
                 print(f"verispec: skipping `{name}`: {reason}", file=sys.stderr)
         return specs
     specs = parse_methods(texts, METHODS)
+    specs = _skip_optional(specs, lambda spec: METHODS[spec.name].availability())
     check_available(specs)
     return specs
+
+
+def _skip_optional(specs: list[Any], reason_of: Any) -> list[Any]:
+    """``specs`` without the optional peers (``MethodEntry.extra``) that cannot run here,
+    each skipped with a message; ``reason_of(spec)`` says why one cannot (or ``None``)."""
+    from verispec.bench.methods import METHODS
+
+    kept = []
+    for spec in specs:
+        reason = reason_of(spec) if METHODS[spec.name].extra is not None else None
+        if reason is None:
+            kept.append(spec)
+        else:
+            print(f"verispec: skipping `{spec.label}`: {reason}", file=sys.stderr)
+    if not kept:
+        from verispec.errors import ConfigError
+
+        raise ConfigError("no method left to run: every one requested was skipped.")
+    return kept
+
+
+def _bench_runners(context: Any, specs: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+    """A runner per spec; an optional peer that cannot run with this model is skipped."""
+    from verispec.bench.methods import METHODS
+    from verispec.errors import ConfigError
+
+    runners: dict[str, Any] = {}
+
+    def build(spec: Any) -> str | None:
+        try:
+            runners[spec.label] = METHODS[spec.name].build(context, spec.params)
+        except ConfigError as exc:
+            if METHODS[spec.name].extra is None:
+                raise
+            return str(exc)
+        return None
+
+    kept = _skip_optional(specs, build)
+    for spec in kept:  # the verispec methods and required peers, built in order
+        if spec.label not in runners:
+            runners[spec.label] = METHODS[spec.name].build(context, spec.params)
+    return kept, {spec.label: runners[spec.label] for spec in kept}
 
 
 def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -476,7 +519,7 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from verispec.bench.output import machine_info
     from verispec.bench.prompts import load_questions, select_questions, shipped_questions
     from verispec.bench.report import summarise
-    from verispec.bench.runner import BenchConfig, build_runners, run_bench
+    from verispec.bench.runner import BenchConfig, run_bench
     from verispec.errors import ConfigError
 
     # 1. everything a user can get wrong, before the model loads
@@ -504,16 +547,16 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     # 2. load and run
     model, tokenizer = _load(args)
     context = _context(args, model, tokenizer)
-    answers = len(specs) * sum(len(q.turns) for q in questions)
-    print(
-        f"verispec bench: {len(specs)} methods x {len(questions)} questions "
-        f"({answers} answers), max {config.max_new_tokens} new tokens, "
-        f"temperature {config.temperature}, {context.device}, "
-        f"{str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} thread(s)",
-        file=sys.stderr,
-    )
     with kernels:
-        runners = build_runners(context, specs)
+        specs, runners = _bench_runners(context, specs)
+        answers = len(specs) * sum(len(q.turns) for q in questions)
+        print(
+            f"verispec bench: {len(specs)} methods x {len(questions)} questions "
+            f"({answers} answers), max {config.max_new_tokens} new tokens, "
+            f"temperature {config.temperature}, {context.device}, "
+            f"{str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} thread(s)",
+            file=sys.stderr,
+        )
         run = run_bench(
             context, specs, questions, config, progress=not args.no_progress, runners=runners
         )
@@ -521,6 +564,7 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     # 3. report, then write the files (only now that the run succeeded)
     report = summarise(run)
     machine = machine_info(context.device, model.dtype, getattr(model, "runtime_note", None))
+    machine.update(_peer_notes(context, specs))
     setup = _untimed_setup(model, runners)
     if setup:
         machine["untimed_setup_s"] = setup
@@ -533,6 +577,23 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     _show_report(report, args.per_category)
     _write_outputs(outputs, report, machine, command)
     return 0
+
+
+def _peer_notes(context: Any, specs: list[Any]) -> dict[str, str]:
+    """What a reader of the table must know about the peers that ran (llama.cpp's weights)."""
+    if not any(spec.name.startswith("llama-cpp") for spec in specs):
+        return {}
+    from pathlib import Path
+
+    from verispec.bench.llama_cpp import llama_cpp_version
+
+    note = (
+        f"llama-cpp-python {llama_cpp_version()} runs {Path(context.gguf).name} with the "
+        "file's own quantized weights, the other methods its dequantized weights: llama-cpp "
+        "outputs are not expected to be identical"
+    )
+    print(f"verispec: note: {note}", file=sys.stderr)
+    return {"llama_cpp": note}
 
 
 def _untimed_setup(model: Any, runners: dict[str, Any]) -> dict[str, float]:

@@ -114,6 +114,7 @@ def speculative(
     runtime: str = "auto",
     dtype: torch.dtype | str | None = None,
     kernels: str = "auto",
+    learn_across_calls: bool = True,
 ) -> SpeculativeGenerate:
     """A ``custom_generate`` callable that decodes speculatively with verispec.
 
@@ -135,6 +136,10 @@ def speculative(
         dtype: the fast runtime's weight dtype; ``None`` (default) keeps the model's own,
             so greedy outputs equal ``generate``'s.
         kernels: ``"auto"``, ``"triton"`` or ``"torch"`` (see :mod:`verispec.kernels`).
+        learn_across_calls: keep what the drafter learnt from earlier calls (Token
+            Recycling's matrix: more accepted tokens per step). Greedy outputs never depend
+            on it; sampled ones do (the same distribution, other draws), so ``False``
+            (forget at each call) makes a seeded sampling call repeat exactly.
 
     Raises:
         ConfigError: a bad spec or option (checked now, before any model is seen).
@@ -153,6 +158,10 @@ def speculative(
         raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
     if kernels not in ("auto", "triton", "torch"):
         raise ConfigError(f"`kernels` must be one of auto, triton, torch; got {kernels!r}.")
+    if not isinstance(learn_across_calls, bool):
+        raise ConfigError(
+            f"`learn_across_calls` must be True or False; got {learn_across_calls!r}."
+        )
     return SpeculativeGenerate(
         spec_or_drafter,
         tokenizer=tokenizer,
@@ -160,6 +169,7 @@ def speculative(
         runtime=runtime,
         dtype=dtype,
         kernels=kernels,
+        learn_across_calls=learn_across_calls,
     )
 
 
@@ -178,8 +188,10 @@ class SpeculativeGenerate:
         runtime: str,
         dtype: torch.dtype | str | None,
         kernels: str,
+        learn_across_calls: bool = True,
     ) -> None:
         self.spec = spec_or_drafter
+        self.learn_across_calls = learn_across_calls
         self.tokenizer = tokenizer
         self.draft_model = draft_model
         self.runtime = runtime
@@ -257,6 +269,9 @@ class SpeculativeGenerate:
             decoder = SpeculativeDecoder(target, self._drafter(target), kernels=self.kernels)
             self._decoders[target] = decoder
         decoder.tokenizer = tokenizer
+        reset = getattr(decoder.drafter, "reset", None)
+        if not self.learn_across_calls and callable(reset):
+            reset()
         return decoder
 
     def _drafter(self, target: LanguageModel) -> Drafter | None:

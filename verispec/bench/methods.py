@@ -18,6 +18,8 @@ method is checked or built, so a method whose module is not installed reports
 ``specinfer``             SpecInfer tree of i.i.d. draft samples
 ``dyspec``                DySpec greedy dynamic tree
 ``rsdc``, ``rsds``        Recursive Speculative Decoding, constant branching / beam
+``llama-cpp``             llama.cpp (llama-cpp-python) on the target's GGUF file
+``llama-cpp-pld``         llama.cpp with its prompt-lookup drafting
 ========================  =======================================================
 
 Draft-model methods draft with a *self-draft view* of the target: the decoder layers
@@ -237,11 +239,15 @@ def _drafter_dyspec(target: Any, params: dict[str, Any], draft_model: Any = None
     return _draft_model("dyspec", "DySpec", "dyspec")(target, params, draft_model)
 
 
-def _engine(make_drafter: Callable) -> Callable[[BenchContext, dict[str, Any]], MethodRunner]:
-    """The benchmark factory of a verispec method: its drafter in verispec's engine."""
+def _engine(
+    make_drafter: Callable, *, drafts_with_model: bool = False
+) -> Callable[[BenchContext, dict[str, Any]], MethodRunner]:
+    """The benchmark factory of a verispec method: its drafter in verispec's engine. The
+    context's separate draft model goes to the draft-model methods only."""
 
     def build(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
-        return EngineRunner(context, make_drafter(context.target, params, context.draft_model))
+        draft = context.draft_model if drafts_with_model else None
+        return EngineRunner(context, make_drafter(context.target, params, draft))
 
     return build
 
@@ -296,6 +302,27 @@ def _build_hf_assist_ee(context: BenchContext, params: dict[str, Any]) -> Method
         extra["num_assistant_tokens"] = params["tokens"]
         extra["num_assistant_tokens_schedule"] = "constant"
     return HFRunner(context, extra, drafts="forwards")
+
+
+# -- llama.cpp (optional extra) -------------------------------------------------------
+
+
+def _llama_cpp_available() -> str | None:
+    from verispec.bench.llama_cpp import llama_cpp_available
+
+    return llama_cpp_available()
+
+
+def _build_llama_cpp(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    from verispec.bench.llama_cpp import LlamaCppRunner
+
+    return LlamaCppRunner(context)
+
+
+def _build_llama_cpp_pld(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    from verispec.bench.llama_cpp import LlamaCppRunner
+
+    return LlamaCppRunner(context, prompt_lookup=(params["ngram"], params["tokens"]))
 
 
 # -- the registry ---------------------------------------------------------------------
@@ -425,7 +452,7 @@ def _entries() -> list[MethodEntry]:
             "chain",
             f"chain speculative decoding (Leviathan et al.); {_DRAFT_NOTE}",
             (_DRAFT_LAYERS, Param("k", int, None, "chain length (draft tokens per step)", 1)),
-            _engine(_CHAIN),
+            _engine(_CHAIN, drafts_with_model=True),
             _class_available("chain", "Chain"),
             _native("chain", "Chain"),
             drafter=_CHAIN,
@@ -434,7 +461,7 @@ def _entries() -> list[MethodEntry]:
             "specinfer",
             f"SpecInfer tree of i.i.d. draft samples; {_DRAFT_NOTE}",
             (_DRAFT_LAYERS, _BRANCHING, _BUDGET),
-            _engine(_SPECINFER),
+            _engine(_SPECINFER, drafts_with_model=True),
             _class_available("specinfer", "SpecInferTree"),
             _native("specinfer", "SpecInferTree"),
             drafter=_SPECINFER,
@@ -456,7 +483,7 @@ def _entries() -> list[MethodEntry]:
                 Param("max_depth", int, None, "cap on the tree depth", 1),
                 Param("max_budget", int, None, "most nodes `budget=auto` may grow", 1),
             ),
-            _engine(_drafter_dyspec),
+            _engine(_drafter_dyspec, drafts_with_model=True),
             _class_available("dyspec", "DySpec"),
             _native("dyspec", "DySpec"),
             drafter=_drafter_dyspec,
@@ -465,7 +492,7 @@ def _entries() -> list[MethodEntry]:
             "rsdc",
             f"RSD-C, constant branching, draws without replacement; {_DRAFT_NOTE}",
             (_DRAFT_LAYERS, _BRANCHING, _BUDGET),
-            _engine(_RSDC),
+            _engine(_RSDC, drafts_with_model=True),
             _class_available("rsd_constant", "RSDConstant"),
             _native("rsd_constant", "RSDConstant"),
             drafter=_RSDC,
@@ -479,10 +506,30 @@ def _entries() -> list[MethodEntry]:
                 Param("depth", int, None, "tree depth L", 1),
                 _BUDGET,
             ),
-            _engine(_RSDS),
+            _engine(_RSDS, drafts_with_model=True),
             _class_available("rsd_beam", "RSDStochasticBeam"),
             _native("rsd_beam", "RSDStochasticBeam"),
             drafter=_RSDS,
+        ),
+        MethodEntry(
+            "llama-cpp",
+            "llama.cpp (llama-cpp-python) on the same GGUF file (its own quantized weights), "
+            "same prompt ids and threads",
+            (),
+            _build_llama_cpp,
+            _llama_cpp_available,
+            extra="llamacpp",
+        ),
+        MethodEntry(
+            "llama-cpp-pld",
+            "llama.cpp with its prompt-lookup drafting (LlamaPromptLookupDecoding)",
+            (
+                Param("tokens", int, 10, "num_pred_tokens", 1),
+                Param("ngram", int, 2, "max_ngram_size", 1),
+            ),
+            _build_llama_cpp_pld,
+            _llama_cpp_available,
+            extra="llamacpp",
         ),
     ]
 

@@ -145,6 +145,9 @@ class MethodEntry:
         drafter: for verispec's own methods, ``drafter(target, params, draft_model)``
             builds the method's drafter (``None`` for ``ar``); ``None`` for the peers
             (transformers, llama.cpp), which are not drafters.
+        extra: the pip extra that provides an optional peer (``"llamacpp"``); the
+            benchmark skips such a method, saying why, where it cannot run (not installed,
+            or no GGUF file), instead of failing.
     """
 
     name: str
@@ -154,6 +157,7 @@ class MethodEntry:
     availability: Callable[[], str | None] = attrs.field(default=lambda: None)
     native_defaults: Callable[[], dict[str, Any]] = attrs.field(default=dict)
     drafter: Callable[[Any, dict[str, Any], Any], Any] | None = None
+    extra: str | None = None
 
     def param(self, key: str) -> Param:
         for param in self.params:
