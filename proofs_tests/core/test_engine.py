@@ -262,3 +262,22 @@ def test_time_held_by_a_stream_consumer_is_not_counted() -> None:
         result = chunk.result or result
     assert result is not None and result.num_steps >= 3  # >= 0.4 s held between chunks
     assert result.total_s < 0.2  # less than one pause: none was counted
+
+
+def test_stream_text_with_a_byte_level_tokenizer_equals_generate() -> None:
+    """With a real byte-level tokenizer, whose tokens split UTF-8 characters, the streamed
+    texts concatenate to ``generate``'s text (incomplete characters held back, none lost)."""
+    from saved_models import byte_tokenizer
+
+    from verispec.drafters import PromptLookup
+    from verispec.models import tiny_llama
+
+    tokenizer = byte_tokenizer()
+    model = tiny_llama(vocab_size=len(tokenizer), hidden_size=32, num_layers=1, seed=4)
+    decoder = SpeculativeDecoder(model, PromptLookup(), tokenizer=tokenizer)
+    prompt = tokenizer.encode("héllo wörld, héllo wörld")
+    expected = decoder.generate(prompt, max_new_tokens=40, eos_token_ids=[])
+    chunks = list(decoder.stream(prompt, max_new_tokens=40, eos_token_ids=[]))
+    assert any(ord(c) > 127 for c in expected.text or "")  # multi-byte text was produced
+    assert "".join(c.text or "" for c in chunks) == expected.text
+    assert [t for c in chunks for t in c.tokens] == expected.tokens

@@ -132,6 +132,9 @@ class LlamaCppRunner:
             options["draft_model"] = self._lookup_class(
                 max_ngram_size=ngram, num_pred_tokens=tokens
             )
+            # Drafting keeps every row's logits; llama-cpp-python 0.3 sizes that buffer from
+            # this argument (n_batch rows without it: prompts past 512 tokens overflow it).
+            options["logits_all"] = True
         self.llama = None  # free the old context first
         llama = self._llama_class(**options)
         plain_eval = llama.eval
