@@ -197,9 +197,8 @@ class SpeculativeGenerate:
         self.runtime = runtime
         self.dtype = dtype
         self.kernels = kernels
-        self._decoders: weakref.WeakKeyDictionary[Any, SpeculativeDecoder] = (
-            weakref.WeakKeyDictionary()
-        )
+        # one drafter per wrapped model, learning across calls
+        self._drafters: weakref.WeakKeyDictionary[Any, Drafter | None] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"verispec.speculative({self.spec!r}, runtime={self.runtime!r})"
@@ -263,16 +262,16 @@ class SpeculativeGenerate:
     # -- helpers ----------------------------------------------------------------------
 
     def _decoder(self, model: Any, tokenizer: Any) -> SpeculativeDecoder:
+        """A decoder over ``model``'s wrapped target and this callable's drafter for it."""
         target = target_for(model, runtime=self.runtime, dtype=self.dtype)
-        decoder = self._decoders.get(target)
-        if decoder is None:
-            decoder = SpeculativeDecoder(target, self._drafter(target), kernels=self.kernels)
-            self._decoders[target] = decoder
-        decoder.tokenizer = tokenizer
-        reset = getattr(decoder.drafter, "reset", None)
+        if target not in self._drafters:
+            self._drafters[target] = self._drafter(target)
+        drafter = self._drafters[target]
+        reset = getattr(drafter, "reset", None)
         if not self.learn_across_calls and callable(reset):
             reset()
-        return decoder
+        # cheap to build; checks the tokenizer against the model on every call
+        return SpeculativeDecoder(target, drafter, tokenizer=tokenizer, kernels=self.kernels)
 
     def _drafter(self, target: LanguageModel) -> Drafter | None:
         if not isinstance(self.spec, str):
