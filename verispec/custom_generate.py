@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
 from verispec.core.engine import GenerationResult, SpeculativeDecoder
 from verispec.core.types import Drafter, GenerationConfig, LanguageModel
@@ -147,6 +147,14 @@ def speculative(
     from verispec.models.default import RUNTIMES
     from verispec.specs import parse_spec
 
+    if not hasattr(GenerationMixin, "_extract_generation_mode_kwargs"):
+        import transformers
+
+        raise ConfigError(
+            f"verispec.speculative needs a transformers whose generate takes a callable "
+            f"`custom_generate` (5.x); got transformers {transformers.__version__}. Use "
+            "verispec.SpeculativeDecoder(verispec.make_target(model), ...) instead."
+        )
     if isinstance(spec_or_drafter, str):
         parse_spec(spec_or_drafter)  # a bad spec fails here, not at the first generate
     elif spec_or_drafter is not None and not isinstance(spec_or_drafter, Drafter):
