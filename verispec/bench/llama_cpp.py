@@ -41,8 +41,9 @@ from verispec.errors import ConfigError
 __all__ = ["INSTALL_HINT", "LlamaCppRunner", "llama_cpp_available", "llama_cpp_version"]
 
 INSTALL_HINT = (
-    "install it with `pip install 'verispec[llamacpp]'` (or `pip install llama-cpp-python`; "
-    "it builds llama.cpp from source with a C++ compiler and cmake, a few minutes)"
+    "install it with `pip install 'verispec[llamacpp]'` (= `pip install llama-cpp-python`: "
+    "builds llama.cpp from source with a C++ compiler and cmake, ~25 min on 2 cores) or run "
+    "`VERISPEC_LLAMACPP=1 bash scripts/bench.sh`"
 )
 _CONTEXT_STEP = 1024  # context sizes are multiples of this: few re-creations
 
