@@ -309,19 +309,26 @@ def test_the_wrapped_model_is_built_once_and_rebuilt_when_weights_change() -> No
     assert target_for(model) is not first
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["tr", "dtr", "pld", "dyspec"])
-def test_smollm2_greedy_equals_generate(method: str) -> None:
-    """On SmolLM2-135M (float32), ``custom_generate=speculative(method)`` returns transformers'
-    greedy tokens for a chat prompt."""
+@pytest.fixture(scope="module")
+def smollm2_chat() -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """SmolLM2-135M (float32, transformers), a chat prompt's ids and its greedy ``generate``."""
     model, tokenizer = verispec.load_default_model()
-    hf = model.hf_model
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "List the planets of the solar system."}],
         add_generation_prompt=True,
         return_tensors="pt",
         return_dict=True,
     )["input_ids"]
-    expected = hf.generate(ids, max_new_tokens=48, do_sample=False)
+    return model.hf_model, ids, model.hf_model.generate(ids, max_new_tokens=48, do_sample=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["tr", "dtr", "pld", "dyspec"])
+def test_smollm2_greedy_equals_generate(
+    smollm2_chat: tuple[Any, torch.Tensor], method: str
+) -> None:
+    """On SmolLM2-135M (float32), ``custom_generate=speculative(method)`` returns transformers'
+    greedy tokens for a chat prompt."""
+    hf, ids, expected = smollm2_chat
     out = hf.generate(ids, max_new_tokens=48, custom_generate=verispec.speculative(method))
     assert torch.equal(out, expected)
