@@ -189,8 +189,8 @@ def test_streamer_gets_each_steps_tokens(hf_model: Any) -> None:
 
 
 def test_stop_strings_with_the_tokenizer_given_to_speculative(byte_model: tuple[Any, Any]) -> None:
-    """``stop_strings=`` stops the answer once its text holds the string, with the tokenizer
-    given to ``speculative``; without one, a clear error says where to give it."""
+    """``stop_strings=`` ends the answer with the token that completes the string, with the
+    tokenizer given to ``speculative``; without one, a clear error says where to give it."""
     model, tokenizer = byte_model
     ids = torch.tensor([tokenizer.encode("abcabcabc")])
     full = model.generate(ids, max_new_tokens=40, do_sample=False)
@@ -203,7 +203,7 @@ def test_stop_strings_with_the_tokenizer_given_to_speculative(byte_model: tuple[
         stop_strings=[stop],
     )
     answer = tokenizer.decode(out[0, ids.shape[1] :].tolist())
-    assert stop in answer and len(answer) < len(text) and text.startswith(answer)
+    assert answer.endswith(stop) and answer.count(stop) == 1 and text.startswith(answer)
     with pytest.raises(ConfigError, match="tokenizer"):
         model.generate(ids, max_new_tokens=5, custom_generate=verispec.speculative("ar"),
                        stop_strings=["x"])  # fmt: skip

@@ -281,3 +281,16 @@ def test_stream_text_with_a_byte_level_tokenizer_equals_generate() -> None:
     assert any(ord(c) > 127 for c in expected.text or "")  # multi-byte text was produced
     assert "".join(c.text or "" for c in chunks) == expected.text
     assert [t for c in chunks for t in c.tokens] == expected.tokens
+
+
+def test_a_stop_string_ends_the_tokens_at_the_token_that_completes_it() -> None:
+    """With a stop string, the answer's tokens end with the token completing it, even when the
+    step committed more, and the streamed chunks end there too."""
+    decoder = SpeculativeDecoder(CountingModel(), OracleDrafter(7, 4), tokenizer=_DigitTokenizer())
+    result = decoder.generate([1], max_new_tokens=30, stop_strings=["45"])
+    assert result.finish_reason == "stop_string"
+    assert result.text is not None and result.text.endswith("45") and result.text.count("45") == 1
+    assert decoder.tokenizer.decode(result.tokens) == result.text
+    assert sum(step.committed for step in result.steps) > len(result.tokens)  # some dropped
+    chunks = list(decoder.stream([1], max_new_tokens=30, stop_strings=["45"]))
+    assert [t for c in chunks for t in c.tokens] == result.tokens

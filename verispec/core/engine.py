@@ -472,15 +472,29 @@ class SpeculativeDecoder:
         eos_ids: set[int],
         config: GenerationConfig,
     ) -> Literal["eos", "stop_string", "max_new_tokens"] | None:
-        """Add this step's tokens; say why generation stops, if it does."""
+        """Add this step's tokens; say why generation stops, if it does.
+
+        A stop string ends the answer at the token that completes it (the step's later
+        tokens are dropped), as an end-of-sequence token does.
+        """
+        start = len(new_tokens)
+        stop: Literal["eos", "max_new_tokens"] | None = None
         for token in committed:
             new_tokens.append(token)
             if token in eos_ids:
-                return "eos"
+                stop = "eos"
+                break
             if len(new_tokens) >= config.max_new_tokens:
-                return "max_new_tokens"
+                stop = "max_new_tokens"
+                break
         if config.stop_strings and self.tokenizer is not None:
-            tail = self.tokenizer.decode(new_tokens[-64:])
-            if any(s in tail for s in config.stop_strings):
+
+            def holds_stop(end: int) -> bool:
+                tail = self.tokenizer.decode(new_tokens[max(0, end - 64) : end])
+                return any(s in tail for s in config.stop_strings)
+
+            if holds_stop(len(new_tokens)):  # then find the token that completed it
+                end = next(e for e in range(start + 1, len(new_tokens) + 1) if holds_stop(e))
+                del new_tokens[end:]
                 return "stop_string"
-        return None
+        return stop
