@@ -5,7 +5,12 @@ whole tree in one forward pass with tree attention, and a verifier keeps the
 longest path it can accept while the output stays distributed exactly as the
 target alone would produce it.
 
-Quick start::
+In one line, inside transformers' ``generate``::
+
+    out = model.generate(**inputs, custom_generate=verispec.speculative("dtr"),
+                         max_new_tokens=128)
+
+Quick start with verispec's own decoder::
 
     import verispec
     model, tokenizer = verispec.load_default_model()
@@ -31,6 +36,7 @@ from verispec.core import (
     SamplingParams,
     SpeculativeDecoder,
     StepOutcome,
+    StreamChunk,
     Verdict,
 )
 from verispec.core.engine import set_default_verifier_policy
@@ -50,10 +56,15 @@ __all__ = [
     "SamplingParams",
     "SpeculativeDecoder",
     "StepOutcome",
+    "StreamChunk",
     "Verdict",
+    "drafter",
     "drafters",
     "errors",
     "load_default_model",
+    "load_model",
+    "make_target",
+    "speculative",
     "verifiers",
 ]
 
@@ -62,6 +73,10 @@ _LAZY = {
     "FastModel": ("verispec.models.runtime", "FastModel"),
     "HFModel": ("verispec.models.hf", "HFModel"),
     "load_default_model": ("verispec.models.default", "load_default_model"),
+    "load_model": ("verispec.models.loading", "load_model"),
+    "make_target": ("verispec.models.default", "make_target"),
+    "speculative": ("verispec.custom_generate", "speculative"),
+    "drafter": ("verispec.specs", "drafter"),
 }
 
 

@@ -29,8 +29,11 @@ from typing import Any
 
 __all__ = ["DEFAULT_LIMIT", "DEFAULT_METHODS", "build_parser", "main"]
 
-DEFAULT_METHODS = "ar,hf,tr:template=8,tr:template=16,tr:template=32,tr:template=80,pld,dtr"
-DEFAULT_LIMIT = 1  # questions per category: the default run stays under ~10 min on 2 cores
+# The default run: 8 methods x 8 answers (the shipped prompts, one per category) took 4.6 min
+# on the 2-core CPU this is built on, one thread, other jobs running; the llama-cpp peers are
+# skipped (with a message) where llama-cpp-python is not installed.
+DEFAULT_METHODS = "ar,hf,hf-pld,pld,tr:template=8,dtr,llama-cpp,llama-cpp-pld"
+DEFAULT_LIMIT = 1  # questions per category
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEFAULT_BENCH_THREADS = 1  # the benchmark's figures of record are single-threaded
 
@@ -91,13 +94,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _model_options(parser: argparse.ArgumentParser, threads: int | None = None) -> None:
     group = parser.add_argument_group("model")
-    group.add_argument(
-        "--model",
-        choices=("smollm2", "tiny"),
-        default="smollm2",
-        help="smollm2: the embedded SmolLM2-135M-Instruct (default); tiny: a random "
-        "4-layer Llama with a byte tokenizer, to check the pipeline in seconds",
-    )
+    _model_source_options(group)
     group.add_argument(
         "--dtype",
         choices=_DTYPES,
@@ -135,6 +132,100 @@ def _model_options(parser: argparse.ArgumentParser, threads: int | None = None) 
         if threads
         else "CPU threads for torch (default: torch's own choice, all cores)",
     )
+
+
+_BUILTIN_MODELS = ("smollm2", "tiny")
+
+
+def _model_source_options(group: Any) -> None:
+    """``--model``, ``--tokenizer`` and ``--draft-model``."""
+    group.add_argument(
+        "--model",
+        default="smollm2",
+        metavar="MODEL",
+        help="smollm2: the embedded SmolLM2-135M-Instruct (default); tiny: a random "
+        "4-layer Llama with a byte tokenizer, to check the pipeline in seconds; or a local "
+        "transformers model directory (save_pretrained) or a .gguf file",
+    )
+    group.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="the tokenizer's directory, when --model's directory has none (a GGUF file "
+        "carries its own)",
+    )
+    group.add_argument(
+        "--draft-model",
+        metavar="PATH",
+        help="a model directory or .gguf file for the draft-model methods (chain, "
+        "specinfer, dyspec, rsdc, rsds) instead of the target's self-draft; it must share "
+        "the target's vocabulary",
+    )
+
+
+def _check_model_source(args: argparse.Namespace) -> None:
+    """``--model``, ``--tokenizer`` and ``--draft-model`` name what exists (before loading)."""
+    from verispec.errors import ConfigError
+    from verispec.models.loading import model_source
+
+    if args.model not in _BUILTIN_MODELS:
+        model_source(args.model)
+    elif args.tokenizer is not None:
+        raise ConfigError(
+            f"`--tokenizer` goes with a model directory or GGUF file; `--model {args.model}` "
+            "has its own tokenizer."
+        )
+    if args.draft_model is not None:
+        model_source(args.draft_model)
+
+
+def _load_model_source(args: argparse.Namespace, dtype: Any, device: str) -> tuple[Any, Any]:
+    """The target and its tokenizer from ``--model`` (and ``--tokenizer``), on ``--runtime``."""
+    options = {"dtype": dtype, "device": device, "runtime": args.runtime, "compile": args.compile}
+    if args.model == "tiny":
+        from verispec.bench.smoke import load_smoke_model
+
+        return load_smoke_model(**options)
+    if args.model == "smollm2":
+        from verispec.models.default import load_default_model
+
+        return load_default_model(**options)
+    from verispec.models.loading import load_model
+
+    return load_model(args.model, tokenizer=args.tokenizer, **options)
+
+
+def _load_draft_model(args: argparse.Namespace, target: Any, tokenizer: Any) -> Any:
+    """``--draft-model``, loaded like the target and checked against its vocabulary."""
+    if args.draft_model is None:
+        return None
+    from verispec.errors import IncompatibleModelsError
+    from verispec.models.loading import load_model
+    from verispec.models.self_draft import check_compatible
+
+    draft, draft_tokenizer = load_model(
+        args.draft_model, dtype=target.dtype, device=target.device, runtime=args.runtime
+    )
+    check_compatible(target, draft)
+    vocab = getattr(tokenizer, "get_vocab", None)
+    draft_vocab = getattr(draft_tokenizer, "get_vocab", None)
+    if vocab is not None and draft_vocab is not None and vocab() != draft_vocab():
+        raise IncompatibleModelsError(
+            f"the draft model's tokenizer (`{args.draft_model}`) maps tokens to ids "
+            "differently from the target's; a draft must use the target's tokenizer."
+        )
+    print(f"verispec: draft model: {args.draft_model} ({draft.runtime_note})", file=sys.stderr)
+    return draft
+
+
+def _gguf_of(args: argparse.Namespace) -> str | None:
+    """The GGUF file the target comes from (for the llama-cpp peers), if any."""
+    if args.model == "smollm2":
+        from verispec.models.default import _package_gguf
+
+        return str(_package_gguf())
+    if args.model not in _BUILTIN_MODELS and args.model.lower().endswith(".gguf"):
+        return args.model
+    return None
 
 
 def _kernel_option(parser: argparse.ArgumentParser) -> None:
@@ -385,15 +476,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     from verispec.models.runtime import default_dtype
 
     dtype = default_dtype(device) if args.dtype == "auto" else getattr(torch, args.dtype)
-    options = {"runtime": args.runtime, "compile": args.compile}
-    if args.model == "tiny":
-        from verispec.bench.smoke import load_smoke_model
-
-        model, tokenizer = load_smoke_model(dtype=dtype, device=device, **options)
-    else:
-        from verispec.models.default import load_default_model
-
-        model, tokenizer = load_default_model(dtype=dtype, device=device, **options)
+    model, tokenizer = _load_model_source(args, dtype, device)
     print(
         f"verispec: target: {model.runtime_note}; {torch.get_num_threads()} CPU thread(s)",
         file=sys.stderr,
@@ -405,6 +488,16 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
         )
         print(f"verispec: built in {warm_up():.1f} s (not timed)", file=sys.stderr)
     return model, tokenizer
+
+
+def _context(
+    args: argparse.Namespace, model: Any, tokenizer: Any, verifier: str = "default"
+) -> Any:
+    """The benchmark context: the target, the verifier choice, ``--draft-model``, the GGUF file."""
+    from verispec.bench.runner import make_context
+
+    draft = _load_draft_model(args, model, tokenizer)
+    return make_context(model, tokenizer, verifier, draft_model=draft, gguf=_gguf_of(args))
 
 
 _OUTPUTS = ("json", "markdown", "plot", "mat_plot")
@@ -523,8 +616,51 @@ def _bench_specs(args: argparse.Namespace) -> list[Any]:
                 print(f"verispec: skipping `{name}`: {reason}", file=sys.stderr)
         return specs
     specs = parse_methods(texts, METHODS)
+    specs = _skip_optional(specs, lambda spec: METHODS[spec.name].availability())
     check_available(specs)
     return specs
+
+
+def _skip_optional(specs: list[Any], reason_of: Any) -> list[Any]:
+    """``specs`` without the optional peers (``MethodEntry.extra``) that cannot run here,
+    each skipped with a message; ``reason_of(spec)`` says why one cannot (or ``None``)."""
+    from verispec.bench.methods import METHODS
+
+    kept = []
+    for spec in specs:
+        reason = reason_of(spec) if METHODS[spec.name].extra is not None else None
+        if reason is None:
+            kept.append(spec)
+        else:
+            print(f"verispec: skipping `{spec.label}`: {reason}", file=sys.stderr)
+    if not kept:
+        from verispec.errors import ConfigError
+
+        raise ConfigError("no method left to run: every one requested was skipped.")
+    return kept
+
+
+def _bench_runners(context: Any, specs: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+    """A runner per spec; an optional peer that cannot run with this model is skipped."""
+    from verispec.bench.methods import METHODS
+    from verispec.errors import ConfigError
+
+    runners: dict[str, Any] = {}
+
+    def build(spec: Any) -> str | None:
+        try:
+            runners[spec.label] = METHODS[spec.name].build(context, spec.params)
+        except ConfigError as exc:
+            if METHODS[spec.name].extra is None:
+                raise
+            return str(exc)
+        return None
+
+    kept = _skip_optional(specs, build)
+    for spec in kept:  # the verispec methods and required peers, built in order
+        if spec.label not in runners:
+            runners[spec.label] = METHODS[spec.name].build(context, spec.params)
+    return kept, {spec.label: runners[spec.label] for spec in kept}
 
 
 def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -533,7 +669,7 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from verispec.bench.output import machine_info
     from verispec.bench.prompts import load_questions, select_questions, shipped_questions
     from verispec.bench.report import summarise
-    from verispec.bench.runner import build_runners, make_context, run_bench
+    from verispec.bench.runner import run_bench
     from verispec.errors import ConfigError
 
     # 1. everything a user can get wrong, before the model loads
@@ -551,26 +687,27 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     outputs = _check_outputs(args)
     kernels = _kernel_scope(args)
     log = _records(args, config, specs, questions, device)
+    _check_model_source(args)
 
     # 2. load and run
     model, tokenizer = _load(args)
-    context = make_context(model, tokenizer)
-    answers = len(specs) * sum(len(q.turns) for q in questions)
-    print(
-        f"verispec bench: {len(specs)} methods x {len(questions)} questions "
-        f"({answers} answers), max {config.max_new_tokens} new tokens, "
-        f"temperature {config.temperature}, {context.device}, "
-        f"{str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} thread(s)",
-        file=sys.stderr,
-    )
-    if log is not None and log.finished:
+    context = _context(args, model, tokenizer, config.verifier)
+    with kernels:  # one scope for building the runners and running them
+        specs, runners = _bench_runners(context, specs)
+        answers = len(specs) * sum(len(q.turns) for q in questions)
         print(
-            f"verispec bench: resuming: {len(log.finished)} answers kept from {log.path}",
+            f"verispec bench: {len(specs)} methods x {len(questions)} questions "
+            f"({answers} answers), max {config.max_new_tokens} new tokens, "
+            f"temperature {config.temperature}, {context.device}, "
+            f"{str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} thread(s)",
             file=sys.stderr,
         )
-    try:
-        with kernels:
-            runners = build_runners(context, specs)
+        if log is not None and log.finished:
+            print(
+                f"verispec bench: resuming: {len(log.finished)} answers kept from {log.path}",
+                file=sys.stderr,
+            )
+        try:
             run = run_bench(
                 context,
                 specs,
@@ -581,22 +718,23 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 on_record=log.append if log is not None else None,
                 finished=log.finished if log is not None else None,
             )
-    except KeyboardInterrupt:
-        if log is not None and log.total:
-            print(
-                f"verispec bench: interrupted; {log.total} answers kept in {log.path}: "
-                "run the same command with --resume to continue.",
-                file=sys.stderr,
-            )
-            return 130
-        raise
-    finally:
-        if log is not None:
-            log.close()
+        except KeyboardInterrupt:
+            if log is not None and log.total:
+                print(
+                    f"verispec bench: interrupted; {log.total} answers kept in {log.path}: "
+                    "run the same command with --resume to continue.",
+                    file=sys.stderr,
+                )
+                return 130
+            raise
+        finally:
+            if log is not None:
+                log.close()
 
     # 3. report, then write the files (only now that the run succeeded)
     report = summarise(run)
     machine = machine_info(context.device, model.dtype, getattr(model, "runtime_note", None))
+    machine.update(_peer_notes(context, specs))
     setup = _untimed_setup(model, runners)
     if setup:
         machine["untimed_setup_s"] = setup
@@ -610,6 +748,23 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     _show_report(report, args.per_category)
     _write_outputs(outputs, report, machine, command)
     return 0
+
+
+def _peer_notes(context: Any, specs: list[Any]) -> dict[str, str]:
+    """What a reader of the table must know about the peers that ran (llama.cpp's weights)."""
+    if not any(spec.name.startswith("llama-cpp") for spec in specs):
+        return {}
+    from pathlib import Path
+
+    from verispec.bench.llama_cpp import llama_cpp_version
+
+    note = (
+        f"llama-cpp-python {llama_cpp_version()} runs {Path(context.gguf).name} with the "
+        "file's own quantized weights, the other methods its dequantized weights: llama-cpp "
+        "outputs are not expected to be identical"
+    )
+    print(f"verispec: note: {note}", file=sys.stderr)
+    return {"llama_cpp": note}
 
 
 def _untimed_setup(model: Any, runners: dict[str, Any]) -> dict[str, float]:
@@ -683,7 +838,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from verispec.bench.methods import METHODS
     from verispec.bench.prompts import build_prompt_ids
     from verispec.bench.registry import parse_methods
-    from verispec.bench.runner import build_runners, check_available, make_context
+    from verispec.bench.runner import build_runners, check_available
     from verispec.errors import ConfigError
 
     specs = parse_methods(args.method, METHODS)
@@ -695,8 +850,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     _device(args.device)
     check_available(specs)
     kernels = _kernel_scope(args)
+    _check_model_source(args)
     model, tokenizer = _load(args)
-    context = make_context(model, tokenizer, verifier=config.verifier)
+    context = _context(args, model, tokenizer, config.verifier)
     ids = build_prompt_ids(tokenizer, [{"role": "user", "content": args.prompt}], chat=args.chat)
     with kernels:
         runner = build_runners(context, specs)[specs[0].label]

@@ -289,3 +289,93 @@ def test_a_target_that_can_reserve_is_told_the_longest_context() -> None:
     decoder.generate([4], max_new_tokens=5)
     assert model.reserved == [12, 6]
     SpeculativeDecoder(CountingModel()).generate([1, 2], max_new_tokens=3)  # no reserve: fine
+
+
+class _DigitTokenizer:
+    """Token ``t`` decodes to the digit ``str(t)``; ``len`` is the vocabulary."""
+
+    eos_token_id = None
+
+    def __len__(self) -> int:
+        return 7
+
+    def encode(self, text: str) -> list[int]:
+        return [int(c) for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(str(int(i)) for i in ids)
+
+
+@pytest.mark.parametrize(("max_new", "eos"), [(11, None), (4, None), (20, [5])])
+def test_stream_yields_exactly_the_tokens_and_text_of_generate(
+    max_new: int, eos: list | None
+) -> None:
+    """``stream`` yields one chunk per step whose tokens and text concatenate to ``generate``'s
+    tokens and text, cut at the stop condition, and only the last chunk carries the result."""
+    options = {"max_new_tokens": max_new, "eos_token_ids": eos}
+    decoder = SpeculativeDecoder(CountingModel(), OracleDrafter(7, 2), tokenizer=_DigitTokenizer())
+    expected = decoder.generate([1, 2], **options)
+    chunks = list(decoder.stream([1, 2], **options))
+    assert len(chunks) == expected.num_steps
+    assert [t for c in chunks for t in c.tokens] == expected.tokens
+    assert "".join(c.text or "" for c in chunks) == expected.text
+    assert all(c.result is None for c in chunks[:-1])
+    last = chunks[-1].result
+    assert last is not None and last.tokens == expected.tokens
+    assert last.finish_reason == expected.finish_reason
+    assert [c.step for c in chunks] == last.steps
+
+
+def test_on_step_receives_each_steps_committed_tokens() -> None:
+    """``generate(on_step=...)`` is called once per step with the tokens that step added."""
+    seen: list[list[int]] = []
+    decoder = SpeculativeDecoder(CountingModel(), OracleDrafter(7, 3))
+    result = decoder.generate([1], max_new_tokens=10, on_step=seen.append)
+    assert len(seen) == result.num_steps
+    assert [t for tokens in seen for t in tokens] == result.tokens
+    assert [len(s) for s in seen[:-1]] == [step.committed for step in result.steps[:-1]]
+
+
+def test_time_held_by_a_stream_consumer_is_not_counted() -> None:
+    """Seconds the consumer spends between chunks are left out of the result's ``total_s``."""
+    import time
+
+    decoder = SpeculativeDecoder(CountingModel(), OracleDrafter(7, 1))
+    result = None
+    for chunk in decoder.stream([1], max_new_tokens=6):
+        time.sleep(0.2)
+        result = chunk.result or result
+    assert result is not None and result.num_steps >= 3  # >= 0.4 s held between chunks
+    assert result.total_s < 0.2  # less than one pause: none was counted
+
+
+def test_stream_text_with_a_byte_level_tokenizer_equals_generate() -> None:
+    """With a real byte-level tokenizer, whose tokens split UTF-8 characters, the streamed
+    texts concatenate to ``generate``'s text (incomplete characters held back, none lost)."""
+    from saved_models import byte_tokenizer
+
+    from verispec.drafters import PromptLookup
+    from verispec.models import tiny_llama
+
+    tokenizer = byte_tokenizer()
+    model = tiny_llama(vocab_size=len(tokenizer), hidden_size=32, num_layers=1, seed=4)
+    decoder = SpeculativeDecoder(model, PromptLookup(), tokenizer=tokenizer)
+    prompt = tokenizer.encode("héllo wörld, héllo wörld")
+    expected = decoder.generate(prompt, max_new_tokens=40, eos_token_ids=[])
+    chunks = list(decoder.stream(prompt, max_new_tokens=40, eos_token_ids=[]))
+    assert any(ord(c) > 127 for c in expected.text or "")  # multi-byte text was produced
+    assert "".join(c.text or "" for c in chunks) == expected.text
+    assert [t for c in chunks for t in c.tokens] == expected.tokens
+
+
+def test_a_stop_string_ends_the_tokens_at_the_token_that_completes_it() -> None:
+    """With a stop string, the answer's tokens end with the token completing it, even when the
+    step committed more, and the streamed chunks end there too."""
+    decoder = SpeculativeDecoder(CountingModel(), OracleDrafter(7, 4), tokenizer=_DigitTokenizer())
+    result = decoder.generate([1], max_new_tokens=30, stop_strings=["45"])
+    assert result.finish_reason == "stop_string"
+    assert result.text is not None and result.text.endswith("45") and result.text.count("45") == 1
+    assert decoder.tokenizer.decode(result.tokens) == result.text
+    assert sum(step.committed for step in result.steps) > len(result.tokens)  # some dropped
+    chunks = list(decoder.stream([1], max_new_tokens=30, stop_strings=["45"]))
+    assert [t for c in chunks for t in c.tokens] == result.tokens

@@ -18,11 +18,18 @@ method is checked or built, so a method whose module is not installed reports
 ``specinfer``             SpecInfer tree of i.i.d. draft samples
 ``dyspec``                DySpec greedy dynamic tree
 ``rsdc``, ``rsds``        Recursive Speculative Decoding, constant branching / beam
+``llama-cpp``             llama.cpp (llama-cpp-python) on the target's GGUF file
+``llama-cpp-pld``         llama.cpp with its prompt-lookup drafting
 ========================  =======================================================
 
 Draft-model methods draft with a *self-draft view* of the target: the decoder layers
 ``draft_layers`` names (default :func:`verispec.models.recommended_layers`),
-sharing its weights (:meth:`verispec.models.FastModel.self_draft`).
+sharing its weights (:meth:`verispec.models.FastModel.self_draft`), or with a separate
+draft model (``BenchContext.draft_model``, the CLI's ``--draft-model``).
+
+Each of verispec's own methods has a drafter factory (``MethodEntry.drafter``), the one
+:func:`verispec.drafter` calls: the spec mini-language is parsed in one place
+(:mod:`verispec.bench.registry`) for the CLI and for Python.
 """
 
 from __future__ import annotations
@@ -91,33 +98,52 @@ def _kwargs(params: dict[str, Any], rename: dict[str, str] | None = None) -> dic
 
 
 # -- verispec's own methods -----------------------------------------------------------
+#
+# Each builds a drafter from (target, params, draft_model): the same function serves the
+# benchmark (wrapped in an EngineRunner) and Python users (:func:`verispec.drafter`).
 
 
-def _build_ar(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
-    return EngineRunner(context, None)
+def _needs_target(name: str, target: Any, why: str) -> None:
+    if target is None:
+        raise ConfigError(f"method `{name}` needs `target=` (the model to draft for: {why}).")
+
+
+def _no_draft_model(name: str, draft_model: Any) -> None:
+    if draft_model is not None:
+        raise ConfigError(
+            f"method `{name}` drafts without a draft model; `draft_model` is for chain, "
+            "specinfer, dyspec, rsdc and rsds."
+        )
+
+
+def _drafter_ar(target: Any, params: dict[str, Any], draft_model: Any = None) -> Any:
+    _no_draft_model("ar", draft_model)
+    return None
 
 
 _TR_TEMPLATES = ("2.2.2", "80", "8", "16", "32")
 
 
-def _build_tr(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+def _drafter_tr(target: Any, params: dict[str, Any], draft_model: Any = None) -> Any:
+    _no_draft_model("tr", draft_model)
+    _needs_target("tr", target, "its vocabulary size")
     cls = drafter_class("token_recycling", "TokenRecycling")
     template = "2.2.2" if params["template"] == "80" else params["template"]
-    drafter = cls(
+    return cls(
         template=template,
         k=params["k"],
         prune_unknown=params["prune"],
-        vocab_size=context.target.vocab_size,
+        vocab_size=target.vocab_size,
     )
-    return EngineRunner(context, drafter)
 
 
 def _model_free(module: str, name: str, rename: dict[str, str] | None = None) -> Callable:
-    def build(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    def make(target: Any, params: dict[str, Any], draft_model: Any = None) -> Any:
+        _no_draft_model(name, draft_model)
         cls = drafter_class(module, name)
-        return EngineRunner(context, cls(**_kwargs(params, rename)))
+        return cls(**_kwargs(params, rename))
 
-    return build
+    return make
 
 
 def _int_or_auto(text: str) -> int | str:
@@ -128,24 +154,27 @@ def _int_or_auto(text: str) -> int | str:
     raise ValueError("an integer >= 0 or `auto`")
 
 
-def _build_dtr(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+def _drafter_dtr(target: Any, params: dict[str, Any], draft_model: Any = None) -> Any:
+    _no_draft_model("dtr", draft_model)
+    _needs_target("dtr", target, "its vocabulary size and, for budget=auto, its latency")
     cls = drafter_class("dynamic_token_recycling", "DynamicTokenRecycling")
     kwargs = _kwargs(params)
     if kwargs.get("budget") == "auto":
         from verispec.drafters.budget import latency_for
 
-        kwargs["latency"] = latency_for(context.target)  # measured once per device, cached
-    return EngineRunner(context, cls(vocab_size=context.target.vocab_size, **kwargs))
+        kwargs["latency"] = latency_for(target)  # measured once per device, cached
+    return cls(vocab_size=target.vocab_size, **kwargs)
 
 
-def _self_draft(context: BenchContext, text: str | None) -> Any:
+def _self_draft(target: Any, text: str | None) -> Any:
     from verispec.models.self_draft import parse_layers, recommended_layers
 
-    make = getattr(context.target, "self_draft", None)
-    num_layers = getattr(context.target, "num_layers", None)
+    make = getattr(target, "self_draft", None)
+    num_layers = getattr(target, "num_layers", None)
     if make is None or num_layers is None:
         raise ConfigError(
-            "draft-model methods need a target with `self_draft(layers)` (FastModel or HFModel)."
+            "draft-model methods need a target with `self_draft(layers)` (FastModel or HFModel) "
+            "or a `draft_model`."
         )
     if text is None:
         return _warmed(make(recommended_layers(num_layers)))
@@ -171,14 +200,32 @@ def _warmed(draft: Any) -> Any:
     return draft
 
 
-def _draft_model(module: str, name: str) -> Callable:
-    def build(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+def _draft(name: str, target: Any, layers: str | None, draft_model: Any) -> Any:
+    """The draft model: ``draft_model`` if given (checked against the target), else a
+    self-draft of ``target`` running ``layers``."""
+    if draft_model is None:
+        _needs_target(name, target, "its self-draft, or pass `draft_model=`")
+        return _self_draft(target, layers)
+    if layers is not None:
+        raise ConfigError(
+            f"`{name}:draft_layers` chooses the target's self-draft; got "
+            f"draft_layers={layers} and a separate draft model. Give one or the other."
+        )
+    if target is not None:
+        from verispec.models.self_draft import check_compatible
+
+        check_compatible(target, draft_model)
+    return draft_model
+
+
+def _draft_model(module: str, name: str, method: str) -> Callable:
+    def make(target: Any, params: dict[str, Any], draft_model: Any = None) -> Any:
         cls = drafter_class(module, name)
         rest = dict(params)
-        draft = _self_draft(context, rest.pop("draft_layers"))
-        return EngineRunner(context, cls(draft, **_kwargs(rest)))
+        draft = _draft(method, target, rest.pop("draft_layers"), draft_model)
+        return cls(draft, **_kwargs(rest))
 
-    return build
+    return make
 
 
 def _positive_int_or_auto(text: str) -> int | str:
@@ -189,15 +236,29 @@ def _positive_int_or_auto(text: str) -> int | str:
     raise ValueError("an integer >= 1 or `auto`")
 
 
-def _build_dyspec(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+def _drafter_dyspec(target: Any, params: dict[str, Any], draft_model: Any = None) -> Any:
     params = dict(params)
     if params["budget"] is None and params["threshold"] is None:
         params["budget"] = 16
     if params["budget"] == "auto" and params["threshold"] is None:
         from verispec.drafters.budget import latency_for
 
-        params["latency"] = latency_for(context.target)  # the target's, cached per device
-    return _draft_model("dyspec", "DySpec")(context, params)
+        _needs_target("dyspec", target, "its latency, for budget=auto")
+        params["latency"] = latency_for(target)  # the target's, cached per device
+    return _draft_model("dyspec", "DySpec", "dyspec")(target, params, draft_model)
+
+
+def _engine(
+    make_drafter: Callable, *, drafts_with_model: bool = False
+) -> Callable[[BenchContext, dict[str, Any]], MethodRunner]:
+    """The benchmark factory of a verispec method: its drafter in verispec's engine. The
+    context's separate draft model goes to the draft-model methods only."""
+
+    def build(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+        draft = context.draft_model if drafts_with_model else None
+        return EngineRunner(context, make_drafter(context.target, params, draft))
+
+    return build
 
 
 # -- transformers' generate -----------------------------------------------------------
@@ -252,6 +313,27 @@ def _build_hf_assist_ee(context: BenchContext, params: dict[str, Any]) -> Method
     return HFRunner(context, extra, drafts="forwards")
 
 
+# -- llama.cpp (optional extra) -------------------------------------------------------
+
+
+def _llama_cpp_available() -> str | None:
+    from verispec.bench.llama_cpp import llama_cpp_available
+
+    return llama_cpp_available()
+
+
+def _build_llama_cpp(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    from verispec.bench.llama_cpp import LlamaCppRunner
+
+    return LlamaCppRunner(context)
+
+
+def _build_llama_cpp_pld(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    from verispec.bench.llama_cpp import LlamaCppRunner
+
+    return LlamaCppRunner(context, prompt_lookup=(params["ngram"], params["tokens"]))
+
+
 # -- the registry ---------------------------------------------------------------------
 
 
@@ -277,13 +359,22 @@ _DRAFT_LAYERS = Param(
 )
 _BRANCHING = Param("branching", tuple, None, "children per node at each level, e.g. 4.2.2", 1)
 _BUDGET = Param("budget", int, None, "cap on the tree size (nodes)", 1)
-_DRAFT_NOTE = "draft: a self-draft running `draft_layers` of the target's layers"
+_DRAFT_NOTE = "draft: a self-draft running `draft_layers` of the target's layers, or --draft-model"
+_PLD = _model_free("prompt_lookup", "PromptLookup", rename={"max": "max_tokens"})
+_CHAIN = _draft_model("chain", "Chain", "chain")
+_SPECINFER = _draft_model("specinfer", "SpecInferTree", "specinfer")
+_RSDC = _draft_model("rsd_constant", "RSDConstant", "rsdc")
+_RSDS = _draft_model("rsd_beam", "RSDStochasticBeam", "rsds")
 
 
 def _entries() -> list[MethodEntry]:
     return [
         MethodEntry(
-            "ar", "verispec's engine, no drafter: one token per target forward", (), _build_ar
+            "ar",
+            "verispec's engine, no drafter: one token per target forward",
+            (),
+            _engine(_drafter_ar),
+            drafter=_drafter_ar,
         ),
         MethodEntry("hf", "transformers generate (greedy at T=0), same model", (), _build_hf),
         MethodEntry(
@@ -322,9 +413,10 @@ def _entries() -> list[MethodEntry]:
                 Param("k", int, 8, "candidates kept per token (K)", 1, 1024),
                 Param("prune", bool, True, "leave never-observed slots out of the tree"),
             ),
-            _build_tr,
+            _engine(_drafter_tr),
             _class_available("token_recycling", "TokenRecycling"),
             _native("token_recycling", "TokenRecycling"),
+            drafter=_drafter_tr,
         ),
         MethodEntry(
             "dtr",
@@ -344,9 +436,10 @@ def _entries() -> list[MethodEntry]:
                 Param("max_depth", int, None, "deepest node considered", 1),
                 Param("decay", float, None, "per-step forgetting of the calibration", 0, 1),
             ),
-            _build_dtr,
+            _engine(_drafter_dtr),
             _class_available("dynamic_token_recycling", "DynamicTokenRecycling"),
             _native("dynamic_token_recycling", "DynamicTokenRecycling"),
+            drafter=_drafter_dtr,
         ),
         MethodEntry(
             "pld",
@@ -359,25 +452,28 @@ def _entries() -> list[MethodEntry]:
                 Param("tree", bool, None, "a tree of continuations (false: one chain)"),
                 Param("acceptance", float, None, "assumed acceptance, splits depth/branches", 0, 1),
             ),
-            _model_free("prompt_lookup", "PromptLookup", rename={"max": "max_tokens"}),
+            _engine(_PLD),
             _class_available("prompt_lookup", "PromptLookup"),
             _native("prompt_lookup", "PromptLookup", rename={"max": "max_tokens"}),
+            drafter=_PLD,
         ),
         MethodEntry(
             "chain",
             f"chain speculative decoding (Leviathan et al.); {_DRAFT_NOTE}",
             (_DRAFT_LAYERS, Param("k", int, None, "chain length (draft tokens per step)", 1)),
-            _draft_model("chain", "Chain"),
+            _engine(_CHAIN, drafts_with_model=True),
             _class_available("chain", "Chain"),
             _native("chain", "Chain"),
+            drafter=_CHAIN,
         ),
         MethodEntry(
             "specinfer",
             f"SpecInfer tree of i.i.d. draft samples; {_DRAFT_NOTE}",
             (_DRAFT_LAYERS, _BRANCHING, _BUDGET),
-            _draft_model("specinfer", "SpecInferTree"),
+            _engine(_SPECINFER, drafts_with_model=True),
             _class_available("specinfer", "SpecInferTree"),
             _native("specinfer", "SpecInferTree"),
+            drafter=_SPECINFER,
         ),
         MethodEntry(
             "dyspec",
@@ -396,17 +492,19 @@ def _entries() -> list[MethodEntry]:
                 Param("max_depth", int, None, "cap on the tree depth", 1),
                 Param("max_budget", int, None, "most nodes `budget=auto` may grow", 1),
             ),
-            _build_dyspec,
+            _engine(_drafter_dyspec, drafts_with_model=True),
             _class_available("dyspec", "DySpec"),
             _native("dyspec", "DySpec"),
+            drafter=_drafter_dyspec,
         ),
         MethodEntry(
             "rsdc",
             f"RSD-C, constant branching, draws without replacement; {_DRAFT_NOTE}",
             (_DRAFT_LAYERS, _BRANCHING, _BUDGET),
-            _draft_model("rsd_constant", "RSDConstant"),
+            _engine(_RSDC, drafts_with_model=True),
             _class_available("rsd_constant", "RSDConstant"),
             _native("rsd_constant", "RSDConstant"),
+            drafter=_RSDC,
         ),
         MethodEntry(
             "rsds",
@@ -417,9 +515,30 @@ def _entries() -> list[MethodEntry]:
                 Param("depth", int, None, "tree depth L", 1),
                 _BUDGET,
             ),
-            _draft_model("rsd_beam", "RSDStochasticBeam"),
+            _engine(_RSDS, drafts_with_model=True),
             _class_available("rsd_beam", "RSDStochasticBeam"),
             _native("rsd_beam", "RSDStochasticBeam"),
+            drafter=_RSDS,
+        ),
+        MethodEntry(
+            "llama-cpp",
+            "llama.cpp (llama-cpp-python) on the same GGUF file (its own quantized weights), "
+            "same prompt ids and threads",
+            (),
+            _build_llama_cpp,
+            _llama_cpp_available,
+            extra="llamacpp",
+        ),
+        MethodEntry(
+            "llama-cpp-pld",
+            "llama.cpp with its prompt-lookup drafting (LlamaPromptLookupDecoding)",
+            (
+                Param("tokens", int, 10, "num_pred_tokens", 1),
+                Param("ngram", int, 2, "max_ngram_size", 1),
+            ),
+            _build_llama_cpp_pld,
+            _llama_cpp_available,
+            extra="llamacpp",
         ),
     ]
 

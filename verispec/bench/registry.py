@@ -142,6 +142,12 @@ class MethodEntry:
             transformers feature missing). Must not load the model.
         native_defaults: the drafter's own defaults of the parameters whose registry
             default is ``None`` (read from its constructor); ``{}`` when unknown.
+        drafter: for verispec's own methods, ``drafter(target, params, draft_model)``
+            builds the method's drafter (``None`` for ``ar``); ``None`` for the peers
+            (transformers, llama.cpp), which are not drafters.
+        extra: the pip extra that provides an optional peer (``"llamacpp"``); the
+            benchmark skips such a method, saying why, where it cannot run (not installed,
+            or no GGUF file), instead of failing.
     """
 
     name: str
@@ -150,6 +156,8 @@ class MethodEntry:
     build: Callable[[Any, dict[str, Any]], Any]
     availability: Callable[[], str | None] = attrs.field(default=lambda: None)
     native_defaults: Callable[[], dict[str, Any]] = attrs.field(default=dict)
+    drafter: Callable[[Any, dict[str, Any], Any], Any] | None = None
+    extra: str | None = None
 
     def param(self, key: str) -> Param:
         for param in self.params:

@@ -148,11 +148,20 @@ def check_available(specs: Sequence[MethodSpec]) -> None:
         raise ConfigError("method(s) not available in this installation: " + "; ".join(problems))
 
 
-def make_context(target: Any, tokenizer: Any, verifier: str = "default") -> BenchContext:
+def make_context(
+    target: Any,
+    tokenizer: Any,
+    verifier: str = "default",
+    *,
+    draft_model: Any = None,
+    gguf: str | None = None,
+) -> BenchContext:
     """A :class:`BenchContext` for a verispec model and its tokenizer.
 
     End-of-sequence ids are the union of the tokenizer's and the model's, so every
     method stops on the same tokens. ``verifier``: see :class:`BenchConfig`.
+    ``draft_model``: a separate draft for the draft-model methods; ``gguf``: the GGUF
+    file of the target, for the llama-cpp peers.
     """
     if verifier not in VERIFIERS:
         raise ConfigError(f"`verifier` must be one of {', '.join(VERIFIERS)}; got {verifier!r}.")
@@ -169,6 +178,8 @@ def make_context(target: Any, tokenizer: Any, verifier: str = "default") -> Benc
         hf_model=getattr(target, "hf_model", None),
         eos_token_ids=tuple(eos),
         verifier=verifier,
+        draft_model=draft_model,
+        gguf=gguf,
     )
 
 

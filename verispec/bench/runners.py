@@ -58,6 +58,10 @@ class BenchContext:
         eos_token_ids: end-of-sequence ids used by every method alike.
         verifier: the acceptance rule of the engine's methods at temperature > 0,
             ``"default"`` or ``"recursive"`` (see :class:`~verispec.bench.BenchConfig`).
+        draft_model: a separate draft model for the draft-model methods (``--draft-model``);
+            ``None``: they draft with a self-draft of the target.
+        gguf: the GGUF file the target was loaded from, for the ``llama-cpp`` peers;
+            ``None`` when there is none.
     """
 
     target: LanguageModel
@@ -65,6 +69,8 @@ class BenchContext:
     hf_model: Any = None
     eos_token_ids: tuple[int, ...] = ()
     verifier: str = "default"
+    draft_model: Any = None
+    gguf: str | None = None
 
     @property
     def device(self) -> torch.device:

@@ -1,6 +1,6 @@
 """Data types and the decoding loop; imports nothing else of verispec."""
 
-from verispec.core.engine import GenerationResult, SpeculativeDecoder, StepStats
+from verispec.core.engine import GenerationResult, SpeculativeDecoder, StepStats, StreamChunk
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DETERMINISTIC, IID, Deterministic, DraftTree, WithoutReplacement
 from verispec.core.types import (
@@ -27,6 +27,7 @@ __all__ = [
     "SpeculativeDecoder",
     "StepOutcome",
     "StepStats",
+    "StreamChunk",
     "Verdict",
     "Verifier",
     "WithoutReplacement",

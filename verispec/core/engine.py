@@ -23,7 +23,7 @@ the root's next token (:class:`~verispec.core.types.PositionKeyedVerifier`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, ClassVar, Literal
 
 import attrs
@@ -54,6 +54,7 @@ __all__ = [
     "GenerationResult",
     "SpeculativeDecoder",
     "StepStats",
+    "StreamChunk",
     "set_default_verifier_policy",
 ]
 
@@ -141,6 +142,33 @@ class GenerationResult:
             "target": sum(s.target_s for s in self.steps),
             "verify": sum(s.verify_s for s in self.steps),
         }
+
+
+@attrs.frozen
+class StreamChunk:
+    """What one step of :meth:`SpeculativeDecoder.stream` added to the answer.
+
+    Attributes:
+        tokens: the token ids this step added (its committed tokens, cut at the stop
+            condition); empty only in a last chunk that carries no step.
+        text: the text they added, decoded incrementally (``""`` while a character is
+            incomplete; held back text comes with a later chunk); ``None`` without a
+            tokenizer.
+        step: the step's :class:`StepStats` (``None`` in a last chunk with no step).
+        result: on the last chunk, the whole :class:`GenerationResult`; else ``None``.
+    """
+
+    tokens: tuple[int, ...]
+    text: str | None
+    step: StepStats | None
+    result: GenerationResult | None = None
+
+
+@attrs.frozen
+class _StepEvent:
+    tokens: tuple[int, ...]
+    step: StepStats | None
+    result: GenerationResult | None
 
 
 class Autoregressive:
@@ -304,6 +332,8 @@ class SpeculativeDecoder:
         self,
         prompt: str | Sequence[int] | torch.Tensor,
         config: GenerationConfig | None = None,
+        *,
+        on_step: Callable[[list[int]], None] | None = None,
         **overrides: Any,
     ) -> GenerationResult:
         """Generate a continuation of ``prompt``.
@@ -312,6 +342,64 @@ class SpeculativeDecoder:
             prompt: a string (needs a tokenizer) or token ids, Shape: (S,).
             config: the settings; keyword ``overrides`` replace its fields
                 (``decoder.generate(ids, max_new_tokens=64, temperature=0.7)``).
+            on_step: called after every step with the token ids that step added to the
+                answer (the committed tokens, cut at the stop condition), e.g. to push them
+                to a streamer. Its time is not counted in the result's timings.
+        """
+        events = self._run(prompt, config, overrides)
+        while True:
+            try:
+                event = next(events)
+            except StopIteration as done:
+                result: GenerationResult = done.value
+                return result
+            if on_step is not None and event.tokens:
+                on_step(list(event.tokens))
+
+    def stream(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        config: GenerationConfig | None = None,
+        **overrides: Any,
+    ) -> Iterator[StreamChunk]:
+        """Generate like :meth:`generate`, yielding each step's tokens as they are committed.
+
+        ``for chunk in decoder.stream(prompt, max_new_tokens=64): print(chunk.text, end="")``.
+        The chunks' ``tokens`` concatenate to the result's ``tokens`` and, with a tokenizer,
+        their ``text`` to its ``text``; the last chunk carries the :class:`GenerationResult`.
+        Time the caller spends between chunks is not counted in the result's timings.
+
+        Args: as :meth:`generate`.
+        """
+        tokens: list[int] = []
+        emitted = ""
+        for event in self._run(prompt, config, overrides):
+            tokens.extend(event.tokens)
+            text: str | None = None
+            if self.tokenizer is not None:
+                if event.result is not None:
+                    final = event.result.text or ""
+                    text = final[len(emitted) :] if final.startswith(emitted) else ""
+                else:
+                    decoded = self.tokenizer.decode(tokens)
+                    # hold back an incomplete character (or a prefix the tokenizer rewrote)
+                    ready = not decoded.endswith("\ufffd") and decoded.startswith(emitted)
+                    text = decoded[len(emitted) :] if ready else ""
+                emitted += text
+            yield StreamChunk(
+                tokens=tuple(event.tokens), text=text, step=event.step, result=event.result
+            )
+
+    def _run(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        config: GenerationConfig | None,
+        overrides: dict[str, Any],
+    ) -> Generator[_StepEvent, None, GenerationResult]:
+        """The loop, as a generator of one event per step; returns the result.
+
+        The last event carries the result too. Time spent by the consumer between events
+        is subtracted from ``total_s``.
         """
         config = generation_config(config, overrides)
         ids = self._prompt_ids(prompt)
@@ -335,6 +423,7 @@ class SpeculativeDecoder:
 
         clock = self._clock
         start = clock()
+        paused = 0.0  # seconds the consumer held the generator between events
         self.target.prefill(torch.tensor(ids, dtype=torch.long))
         state = DecodeState(
             tokens=list(ids),
@@ -348,6 +437,7 @@ class SpeculativeDecoder:
         new_tokens: list[int] = []
         steps: list[StepStats] = []
         finish: Literal["eos", "stop_string", "max_new_tokens", "length"] = "max_new_tokens"
+        last: tuple[list[int], StepStats] | None = None  # the final step, reported with the result
         while True:
             room = self.target.max_length - len(state.tokens)
             if room < 0:
@@ -379,34 +469,41 @@ class SpeculativeDecoder:
             # 5. let the drafter learn
             self.drafter.observe(StepOutcome(tree, target_logits, verdict, state))
             t4 = clock()
-            steps.append(
-                StepStats(
-                    tree_size=tree.num_nodes,
-                    accepted=len(verdict.accepted),
-                    draft_s=(t1 - t0) + (t4 - t3),
-                    target_s=t2 - t1,
-                    verify_s=t3 - t2,
-                )
+            stats = StepStats(
+                tree_size=tree.num_nodes,
+                accepted=len(verdict.accepted),
+                draft_s=(t1 - t0) + (t4 - t3),
+                target_s=t2 - t1,
+                verify_s=t3 - t2,
             )
+            steps.append(stats)
 
+            before = len(new_tokens)
             stop = self._append(new_tokens, committed, eos_ids, config)
             if stop is not None:
                 finish = stop
+                last = (new_tokens[before:], stats)
                 break
+            held = time.perf_counter()  # the device was synchronised at t4: host time only
+            yield _StepEvent(tuple(new_tokens[before:]), stats, None)
+            paused += time.perf_counter() - held
 
         text = self.tokenizer.decode(new_tokens) if self.tokenizer is not None else None
         if finish == "stop_string" and text is not None:
             cut = min(text.find(s) + len(s) for s in config.stop_strings if s in text)
             text = text[:cut]
-        return GenerationResult(
+        result = GenerationResult(
             tokens=new_tokens,
             text=text,
             prompt_length=len(ids),
             steps=steps,
             prefill_s=prefill_s,
-            total_s=clock() - start,
+            total_s=clock() - start - paused,
             finish_reason=finish,
         )
+        added, stats_or_none = last if last is not None else ([], None)
+        yield _StepEvent(tuple(added), stats_or_none, result)
+        return result
 
     def _append(
         self,
@@ -415,15 +512,29 @@ class SpeculativeDecoder:
         eos_ids: set[int],
         config: GenerationConfig,
     ) -> Literal["eos", "stop_string", "max_new_tokens"] | None:
-        """Add this step's tokens; say why generation stops, if it does."""
+        """Add this step's tokens; say why generation stops, if it does.
+
+        A stop string ends the answer at the token that completes it (the step's later
+        tokens are dropped), as an end-of-sequence token does.
+        """
+        start = len(new_tokens)
+        stop: Literal["eos", "max_new_tokens"] | None = None
         for token in committed:
             new_tokens.append(token)
             if token in eos_ids:
-                return "eos"
+                stop = "eos"
+                break
             if len(new_tokens) >= config.max_new_tokens:
-                return "max_new_tokens"
+                stop = "max_new_tokens"
+                break
         if config.stop_strings and self.tokenizer is not None:
-            tail = self.tokenizer.decode(new_tokens[-64:])
-            if any(s in tail for s in config.stop_strings):
+
+            def holds_stop(end: int) -> bool:
+                tail = self.tokenizer.decode(new_tokens[max(0, end - 64) : end])
+                return any(s in tail for s in config.stop_strings)
+
+            if holds_stop(len(new_tokens)):  # then find the token that completed it
+                end = next(e for e in range(start + 1, len(new_tokens) + 1) if holds_stop(e))
+                del new_tokens[end:]
                 return "stop_string"
-        return None
+        return stop

@@ -1,0 +1,430 @@
+"""verispec inside transformers' ``generate``: ``custom_generate=verispec.speculative("dtr")``.
+
+transformers 5 lets ``generate`` hand its decoding loop to a callable
+(``model.generate(**inputs, custom_generate=fn, ...)``): it prepares the inputs, the
+generation config, the logits processors and the stopping criteria as usual, then calls
+``fn(model, input_ids, logits_processor=..., stopping_criteria=..., generation_config=...,
+**model_kwargs)`` and returns what ``fn`` returns. :func:`speculative` builds such a
+callable around verispec's :class:`~verispec.core.engine.SpeculativeDecoder`:
+
+* the model runs on verispec's fast runtime where it covers the architecture (Llama,
+  Qwen2, Mistral), else through the Hugging Face adapter
+  (:func:`verispec.models.default.make_target`); the wrapped model is built once per
+  model and kept on it, rebuilt only when its weights change;
+* the generation config is honoured: ``max_new_tokens``/``max_length``, ``do_sample``,
+  ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``eos_token_id``,
+  ``return_dict_in_generate``; ``streamer`` receives each step's committed tokens;
+  ``stop_strings`` and ``seed`` are read as keyword arguments of ``generate`` (below);
+* what cannot be honoured exactly raises :class:`~verispec.errors.ConfigError`, naming
+  the option: beams, several sequences, padding, an assistant model, repetition
+  penalties and other logits processors, custom stopping criteria, score outputs.
+
+Two gaps of transformers 5 (5.17 to 5.23 read) that this module works around:
+``generate`` does not pass ``streamer`` (nor ``tokenizer``) to a callable
+``custom_generate``: the streamer is read from the calling ``generate`` frame; and
+``stop_strings`` with a ``tokenizer`` fail before the callable runs (the tokenizer is
+dropped), so the callable takes ``stop_strings`` as its own keyword (popped before
+transformers sees it) and the tokenizer from ``speculative(..., tokenizer=...)``.
+
+Greedy outputs equal ``model.generate(...)``'s (the target's own greedy decoding);
+sampled outputs follow the same processed distribution, from verispec's own seeded
+generator (seeded from torch's global generator unless ``seed=`` is given, so
+``torch.manual_seed`` makes a call repeat).
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+
+from verispec.core.engine import GenerationResult, SpeculativeDecoder
+from verispec.core.types import Drafter, GenerationConfig, LanguageModel
+from verispec.errors import ConfigError
+
+__all__ = ["SpeculativeGenerate", "SpeculativeGenerateOutput", "speculative", "target_for"]
+
+# logits processors transformers builds from these options, which verispec applies itself
+_WARPERS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper"}
+_STOPS = {"MaxLengthCriteria", "EosTokenCriteria"}
+_SEED_RANGE = 1 << 62
+
+
+@dataclass
+class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
+    """``generate``'s output (``return_dict_in_generate=True``) with the acceptance figures.
+
+    Attributes:
+        sequences: prompt and new tokens, int64, Shape: (1, S).
+        mean_accepted_tokens: tokens committed per target forward (MAT).
+        num_steps: target forwards after the prefill.
+        tree_sizes: draft nodes sent to the target at each step.
+        accepted_lengths: draft tokens accepted at each step (the extra token not counted).
+        result: verispec's :class:`~verispec.core.engine.GenerationResult` (timings too).
+    """
+
+    mean_accepted_tokens: float | None = None
+    num_steps: int | None = None
+    tree_sizes: tuple[int, ...] | None = None
+    accepted_lengths: tuple[int, ...] | None = None
+    result: GenerationResult | None = None
+
+
+def _fingerprint(hf_model: Any) -> tuple:
+    """Changes when a parameter is replaced or modified in place (its version counter)."""
+    return tuple((p.data_ptr(), p._version) for p in hf_model.parameters())
+
+
+def target_for(
+    hf_model: Any,
+    *,
+    runtime: str = "auto",
+    dtype: torch.dtype | str | None = None,
+    max_length: int | None = None,
+) -> Any:
+    """The verispec model wrapping ``hf_model``, built once and kept on it.
+
+    :func:`~verispec.models.default.make_target` builds it (the fast runtime where it
+    covers the architecture, else the adapter); later calls with the same options return
+    the same object while ``hf_model``'s parameters are unchanged (same tensors, not
+    modified in place), and build a new one otherwise.
+    """
+    from verispec.models.default import make_target
+
+    key = (runtime, str(dtype), max_length)
+    cache: dict = hf_model.__dict__.setdefault("_verispec_targets", {})
+    fingerprint = _fingerprint(hf_model)
+    kept = cache.get(key)
+    if kept is not None and kept[0] == fingerprint:
+        return kept[1]
+    target = make_target(hf_model, runtime=runtime, dtype=dtype, max_length=max_length)
+    cache[key] = (fingerprint, target)
+    return target
+
+
+def speculative(
+    spec_or_drafter: str | Drafter | None = "dtr",
+    *,
+    tokenizer: Any = None,
+    draft_model: Any = None,
+    runtime: str = "auto",
+    dtype: torch.dtype | str | None = None,
+    kernels: str = "auto",
+    learn_across_calls: bool = True,
+) -> SpeculativeGenerate:
+    """A ``custom_generate`` callable that decodes speculatively with verispec.
+
+    ``model.generate(**inputs, custom_generate=verispec.speculative("dtr"),
+    max_new_tokens=128, do_sample=True, temperature=0.7, streamer=streamer)``.
+
+    Args:
+        spec_or_drafter: a method spec (``"dtr"``, ``"tr:template=16"``, ``"pld"``,
+            ``"dyspec:budget=24"``...; see ``verispec methods``), a drafter object, or
+            ``None``/``"ar"`` for plain decoding through verispec's engine. A spec builds
+            one drafter per model, which keeps what it learns across calls (Token
+            Recycling's adjacency matrix).
+        tokenizer: the model's tokenizer, needed for ``stop_strings``.
+        draft_model: for the draft-model methods, a separate draft model (a
+            ``transformers`` model, wrapped like the target, or a verispec
+            ``LanguageModel``) with the target's vocabulary; default: a self-draft.
+        runtime: ``"auto"``, ``"fast"`` or ``"hf"``: what runs the model
+            (:func:`~verispec.models.default.make_target`).
+        dtype: the fast runtime's weight dtype; ``None`` (default) keeps the model's own,
+            so greedy outputs equal ``generate``'s.
+        kernels: ``"auto"``, ``"triton"`` or ``"torch"`` (see :mod:`verispec.kernels`).
+        learn_across_calls: keep what the drafter learnt from earlier calls (Token
+            Recycling's matrix: more accepted tokens per step). Greedy outputs never depend
+            on it; sampled ones do (the same distribution, other draws), so ``False``
+            (forget at each call) makes a seeded sampling call repeat exactly.
+
+    Raises:
+        ConfigError: a bad spec or option (checked now, before any model is seen).
+    """
+    from verispec.models.default import RUNTIMES
+    from verispec.specs import parse_spec
+
+    if not hasattr(GenerationMixin, "_extract_generation_mode_kwargs"):
+        import transformers
+
+        raise ConfigError(
+            f"verispec.speculative needs a transformers whose generate takes a callable "
+            f"`custom_generate` (5.x); got transformers {transformers.__version__}. Use "
+            "verispec.SpeculativeDecoder(verispec.make_target(model), ...) instead."
+        )
+    if isinstance(spec_or_drafter, str):
+        parse_spec(spec_or_drafter)  # a bad spec fails here, not at the first generate
+    elif spec_or_drafter is not None and not isinstance(spec_or_drafter, Drafter):
+        raise ConfigError(
+            f"`spec_or_drafter` must be a method spec string (e.g. 'dtr'), a drafter or None; "
+            f"got {type(spec_or_drafter).__name__}."
+        )
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
+    if kernels not in ("auto", "triton", "torch"):
+        raise ConfigError(f"`kernels` must be one of auto, triton, torch; got {kernels!r}.")
+    if not isinstance(learn_across_calls, bool):
+        raise ConfigError(
+            f"`learn_across_calls` must be True or False; got {learn_across_calls!r}."
+        )
+    return SpeculativeGenerate(
+        spec_or_drafter,
+        tokenizer=tokenizer,
+        draft_model=draft_model,
+        runtime=runtime,
+        dtype=dtype,
+        kernels=kernels,
+        learn_across_calls=learn_across_calls,
+    )
+
+
+class SpeculativeGenerate:
+    """The callable :func:`speculative` returns; see the module docstring.
+
+    One generation at a time per model (the wrapped model keeps one KV cache).
+    """
+
+    def __init__(
+        self,
+        spec_or_drafter: str | Drafter | None,
+        *,
+        tokenizer: Any,
+        draft_model: Any,
+        runtime: str,
+        dtype: torch.dtype | str | None,
+        kernels: str,
+        learn_across_calls: bool = True,
+    ) -> None:
+        self.spec = spec_or_drafter
+        self.learn_across_calls = learn_across_calls
+        self.tokenizer = tokenizer
+        self.draft_model = draft_model
+        self.runtime = runtime
+        self.dtype = dtype
+        self.kernels = kernels
+        # one drafter per wrapped model, learning across calls
+        self._drafters: weakref.WeakKeyDictionary[Any, Drafter | None] = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return f"verispec.speculative({self.spec!r}, runtime={self.runtime!r})"
+
+    # -- what generate calls ----------------------------------------------------------
+
+    def __call__(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        logits_processor: Any = None,
+        stopping_criteria: Any = None,
+        generation_config: Any = None,
+        synced_gpus: bool = False,
+        streamer: Any = None,
+        stop_strings: str | list[str] | None = None,
+        seed: int | None = None,
+        tokenizer: Any = None,
+        **model_kwargs: Any,
+    ) -> torch.Tensor | SpeculativeGenerateOutput:
+        """Decode ``input_ids`` (int64, Shape: (1, S)) as ``generate`` asked.
+
+        ``stop_strings``, ``seed`` and ``tokenizer`` are this callable's own keywords: pass
+        them to ``generate`` and transformers hands them over untouched.
+        """
+        caller = _generate_frame()
+        if streamer is None and caller is not None:
+            streamer = caller.get("streamer")
+        try:
+            _check_caller(caller, synced_gpus)
+            config = _generation_config(
+                generation_config, logits_processor, stopping_criteria, input_ids, model_kwargs
+            )
+            max_new = int(generation_config.max_length) - int(input_ids.shape[1])
+            if max_new < 1:
+                return _output(generation_config, input_ids, [], None)
+            if config.temperature > 0:
+                seed = _seed(seed)
+            elif seed is not None:
+                _seed(seed)  # validated even where greedy decoding does not use it
+            config = _with_call_options(config, max_new, stop_strings, seed)
+            tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+            if config.stop_strings and tokenizer is None:
+                raise ConfigError(
+                    f"`stop_strings` {list(config.stop_strings)} need the model's tokenizer: "
+                    "pass it as verispec.speculative(..., tokenizer=tokenizer) (transformers "
+                    "does not hand generate's `tokenizer` to a custom_generate callable)."
+                )
+            decoder = self._decoder(model, tokenizer)
+            ids = input_ids[0].tolist()
+
+            def push(tokens: list[int]) -> None:
+                streamer.put(torch.tensor(tokens, dtype=torch.long))
+
+            result = decoder.generate(ids, config, on_step=push if streamer is not None else None)
+            return _output(generation_config, input_ids, result.tokens, result)
+        finally:
+            if streamer is not None:
+                streamer.end()  # also on an error: a consumer thread stops waiting
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _decoder(self, model: Any, tokenizer: Any) -> SpeculativeDecoder:
+        """A decoder over ``model``'s wrapped target and this callable's drafter for it."""
+        target = target_for(model, runtime=self.runtime, dtype=self.dtype)
+        if target not in self._drafters:
+            self._drafters[target] = self._drafter(target)
+        drafter = self._drafters[target]
+        reset = getattr(drafter, "reset", None)
+        if not self.learn_across_calls and callable(reset):
+            reset()
+        # cheap to build; checks the tokenizer against the model on every call
+        return SpeculativeDecoder(target, drafter, tokenizer=tokenizer, kernels=self.kernels)
+
+    def _drafter(self, target: LanguageModel) -> Drafter | None:
+        if not isinstance(self.spec, str):
+            return self.spec
+        from verispec.specs import drafter
+
+        draft = self.draft_model
+        if draft is not None and not isinstance(draft, LanguageModel):
+            draft = target_for(draft, runtime=self.runtime, dtype=self.dtype)
+        return drafter(self.spec, target=target, draft_model=draft)
+
+
+def _generate_frame() -> dict[str, Any] | None:
+    """The local variables of the ``generate`` call that called us, if one did."""
+    try:
+        frame = sys._getframe(2)  # _generate_frame <- __call__ <- generate
+    except ValueError:  # called from the top of a stack
+        return None
+    if frame.f_code.co_name == "generate" and "streamer" in frame.f_locals:
+        return dict(frame.f_locals)
+    return None
+
+
+def _check_caller(caller: dict[str, Any] | None, synced_gpus: bool) -> None:
+    if synced_gpus:
+        raise ConfigError("`synced_gpus=True` is not supported: verispec decodes on one device.")
+    if caller is None:
+        return
+    if caller.get("assistant_model") is not None:
+        raise ConfigError(
+            "`assistant_model` is not supported with verispec.speculative: verispec drafts "
+            "itself. Pass the draft as verispec.speculative('chain', draft_model=assistant)."
+        )
+    for name in ("negative_prompt_ids", "prefix_allowed_tokens_fn"):
+        if caller.get(name) is not None:
+            raise ConfigError(f"`{name}` is not supported with verispec.speculative.")
+
+
+def _generation_config(
+    gc: Any, processors: Any, criteria: Any, input_ids: torch.Tensor, model_kwargs: dict
+) -> GenerationConfig:
+    """verispec's settings for transformers' prepared config; raise on what has none."""
+
+    def refuse(option: str, value: Any, allowed: str) -> ConfigError:
+        return ConfigError(
+            f"`{option}` must be {allowed} with verispec.speculative; got {value!r}."
+        )
+
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ConfigError(
+            f"verispec.speculative needs `input_ids` of one prompt, Shape: (1, S); got shape "
+            f"{tuple(input_ids.shape)} (inputs_embeds are not supported)."
+        )
+    if getattr(gc, "num_beams", 1) > 1:
+        raise refuse("num_beams", gc.num_beams, "1 (beam search is not speculative sampling)")
+    if getattr(gc, "num_return_sequences", 1) > 1:
+        raise refuse("num_return_sequences", gc.num_return_sequences, "1")
+    if input_ids.shape[0] != 1:
+        raise ConfigError(
+            f"verispec.speculative decodes one sequence at a time; got a batch of "
+            f"{input_ids.shape[0]}. Call generate once per prompt."
+        )
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool((mask == 1).all()):
+        raise refuse("attention_mask", "with padding", "all ones (no padding, batch size 1)")
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+        raise refuse("past_key_values", "a filled cache", "empty (verispec keeps its own)")
+    for option in ("prompt_lookup_num_tokens", "assistant_early_exit"):
+        if getattr(gc, option, None) is not None:
+            raise refuse(option, getattr(gc, option), "None (use verispec.speculative('pld'))")
+    for option in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
+        if getattr(gc, option, False):
+            raise refuse(option, True, "False")
+    for processor in processors or ():
+        name = type(processor).__name__
+        if name not in _WARPERS:
+            raise ConfigError(
+                f"logits processor `{name}` is not supported with verispec.speculative: only "
+                "temperature, top_k, top_p and min_p are (drop repetition_penalty, "
+                "min_new_tokens, bad_words_ids, logits_processor=... and the like)."
+            )
+    for criterion in criteria or ():
+        name = type(criterion).__name__
+        if name not in _STOPS:
+            raise ConfigError(
+                f"stopping criterion `{name}` is not supported with verispec.speculative: only "
+                "max_new_tokens/max_length, eos_token_id and its own stop_strings= are."
+            )
+    sample = bool(gc.do_sample) and (gc.temperature is None or gc.temperature > 0)
+    eos = gc.eos_token_id
+    eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+    return GenerationConfig(
+        temperature=float(gc.temperature if gc.temperature is not None else 1.0) if sample else 0.0,
+        top_k=int(gc.top_k or 0) if sample else 0,
+        top_p=float(gc.top_p if gc.top_p is not None else 1.0) if sample else 1.0,
+        min_p=float(gc.min_p or 0.0) if sample else 0.0,
+        eos_token_ids=eos_ids,
+    )
+
+
+def _seed(seed: int | None) -> int:
+    if seed is None:  # from torch's global generator: torch.manual_seed makes a call repeat
+        return int(torch.randint(_SEED_RANGE, (1,)).item())
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ConfigError(f"`seed` must be an integer in [0, 2**63); got {seed!r}.")
+    return seed
+
+
+def _with_call_options(
+    config: GenerationConfig, max_new: int, stop_strings: Any, seed: int | None
+) -> GenerationConfig:
+    import attrs
+
+    sequence = isinstance(stop_strings, list | tuple)
+    strings = sequence and all(isinstance(s, str) for s in stop_strings)
+    if stop_strings is not None and not (isinstance(stop_strings, str) or strings):
+        raise ConfigError(
+            f"`stop_strings` must be a string or a list of strings; got {stop_strings!r}."
+        )
+    if isinstance(stop_strings, str):
+        stop_strings = [stop_strings]
+    if stop_strings is not None and not all(stop_strings):
+        raise ConfigError(f"`stop_strings` must not contain an empty string; got {stop_strings!r}.")
+    return attrs.evolve(
+        config,
+        max_new_tokens=max_new,
+        stop_strings=tuple(stop_strings or ()),
+        seed=seed if seed is not None else 0,
+    )
+
+
+def _output(
+    gc: Any, input_ids: torch.Tensor, tokens: list[int], result: GenerationResult | None
+) -> torch.Tensor | SpeculativeGenerateOutput:
+    new = torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)
+    sequences = torch.cat([input_ids, new], dim=1)
+    if not getattr(gc, "return_dict_in_generate", False):
+        return sequences
+    steps = result.steps if result is not None else []
+    return SpeculativeGenerateOutput(
+        sequences=sequences,  # type: ignore[arg-type]
+        mean_accepted_tokens=result.mean_accepted_tokens if result is not None else 0.0,
+        num_steps=len(steps),
+        tree_sizes=tuple(s.tree_size for s in steps),
+        accepted_lengths=tuple(s.accepted for s in steps),
+        result=result,
+    )

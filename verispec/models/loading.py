@@ -1,0 +1,139 @@
+"""Load a user's model: a local ``transformers`` model directory or a GGUF file.
+
+:func:`load_model` is :func:`~verispec.models.default.load_default_model` for any
+causal LM on disk (no hub is contacted):
+
+* a **directory** written by ``save_pretrained`` (``config.json`` and weights) is loaded
+  with ``AutoModelForCausalLM.from_pretrained``; its tokenizer from the same directory
+  unless ``tokenizer`` names another;
+* a **GGUF file** is dequantized by ``transformers`` (it needs the ``gguf`` package) on
+  the first load and the result cached under :func:`~verispec.models.default.default_cache_dir`,
+  keyed by the file's path, size and modification time, so later loads take seconds
+  (the embedded SmolLM2 file shares :func:`load_default_model`'s cache). Its tokenizer
+  comes from the file's own metadata unless ``tokenizer`` names one.
+
+The loaded model is wrapped by :func:`~verispec.models.default.make_target`: the fast
+runtime where it covers the architecture, else the Hugging Face adapter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verispec.errors import ConfigError
+
+__all__ = ["load_model", "model_source"]
+
+
+def model_source(path: str | os.PathLike[str]) -> tuple[str, Path]:
+    """``("dir", path)`` or ``("gguf", path)`` for a model on disk.
+
+    Raises:
+        ConfigError: the path does not exist, or is neither a model directory (with a
+            ``config.json``) nor a ``.gguf`` file.
+    """
+    resolved = Path(path).expanduser()
+    if resolved.is_dir():
+        if not (resolved / "config.json").is_file():
+            raise ConfigError(
+                f"model directory `{path}` has no config.json; a model directory is what "
+                "`save_pretrained` writes (config.json, weights, tokenizer files)."
+            )
+        return "dir", resolved
+    if resolved.is_file():
+        if resolved.suffix.lower() != ".gguf":
+            raise ConfigError(
+                f"a model file must be a GGUF file (*.gguf); got `{path}`. Pass a model "
+                "directory for other formats."
+            )
+        return "gguf", resolved
+    raise ConfigError(
+        f"model `{path}` does not exist; give a model directory, a .gguf file, or one of "
+        "the built-in names (smollm2, tiny)."
+    )
+
+
+def _gguf_cache(gguf: Path, cache_dir: Path) -> Path:
+    """Where the dequantized copy of ``gguf`` lives (shared with the embedded model's)."""
+    from verispec.models import default
+
+    try:
+        if gguf.resolve() == default._package_gguf().resolve():
+            return cache_dir / default._cache_key(gguf)
+    except Exception:  # the embedded package is not installed: an ordinary file
+        pass
+    stat = gguf.stat()
+    digest = hashlib.sha256(
+        f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    ).hexdigest()[:16]
+    return cache_dir / f"gguf-{gguf.stem}-{digest}-v{default._CACHE_VERSION}"
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    *,
+    tokenizer: str | os.PathLike[str] | None = None,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+    runtime: str = "auto",
+    max_length: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    compile: bool = False,
+) -> tuple[Any, Any]:
+    """Load a causal LM from a local directory or GGUF file, and its tokenizer.
+
+    Args:
+        path: a ``save_pretrained`` directory or a ``.gguf`` file.
+        tokenizer: a directory holding the tokenizer, when ``path`` has none (or another
+            one is wanted).
+        dtype, device, runtime, max_length, cache_dir, compile: as for
+            :func:`~verispec.models.default.load_default_model`.
+
+    Returns:
+        ``(model, tokenizer)``: a :class:`~verispec.models.FastModel` (or an
+        :class:`~verispec.models.HFModel`) and a Hugging Face tokenizer.
+
+    Raises:
+        ConfigError: a path that is not a model, a tokenizer that cannot be loaded, or an
+            unknown ``runtime``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verispec.models.default import RUNTIMES, _convert, default_cache_dir, make_target
+    from verispec.models.runtime import default_dtype
+
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
+    if dtype == "auto":
+        dtype = default_dtype(device)
+    kind, source = model_source(path)
+    if kind == "gguf":
+        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        converted = _gguf_cache(source, root)
+        if not (converted / "config.json").is_file():
+            _convert(source, converted)
+        source = converted
+    try:
+        hf_model: Any = AutoModelForCausalLM.from_pretrained(
+            str(source), dtype=dtype, attn_implementation="sdpa"
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"cannot load a causal LM from `{path}`: {exc}") from None
+    hf_model = hf_model.to(device)
+    tokenizer_source = Path(tokenizer).expanduser() if tokenizer is not None else source
+    try:
+        loaded_tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        hint = "" if tokenizer is not None else " Pass its tokenizer directory (--tokenizer)."
+        raise ConfigError(
+            f"cannot load a tokenizer from `{tokenizer_source}`: {exc}.{hint}"
+        ) from None
+    model = make_target(
+        hf_model, runtime=runtime, dtype=dtype, max_length=max_length, compile=compile
+    )
+    return model, loaded_tokenizer
