@@ -153,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="warm-up answers per method, not measured (default 1)",
     )
+    bench.add_argument(
+        "--carry-corpus",
+        action="store_true",
+        help="cross-request setting: add each answer to its method's suffix corpus once "
+        "produced, so later questions can retrieve from it (default: independent answers)",
+    )
     _report_outputs(bench)
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     _generation_options(bench, 128)
@@ -350,6 +356,7 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         seed=args.seed,
         warmup=args.warmup,
         chat=args.chat,
+        carry_corpus=args.carry_corpus,
     )
     outputs = _check_outputs(args)
 

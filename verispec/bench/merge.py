@@ -141,7 +141,7 @@ def load_report(path: str | Path) -> BenchReport:
 
 
 # Settings every shard must share: the answers are only comparable under the same ones.
-_SHARED_CONFIG = ("max_new_tokens", "temperature", "seed", "chat", "warmup")
+_SHARED_CONFIG = ("max_new_tokens", "temperature", "seed", "chat", "warmup", "carry_corpus")
 _SHARED_MACHINE = ("dtype", "device")
 
 

@@ -11,8 +11,10 @@ method is checked or built, so a method whose module is not installed reports
 ``hf-pld``                ``generate(prompt_lookup_num_tokens=...)``
 ``hf-assist-ee``          ``generate(assistant_early_exit=...)`` self-speculation
 ``tr``                    :class:`~verispec.drafters.TokenRecycling`
-``dtr``                   Dynamic Token Recycling (tree sized per device)
+``dtr``                   Dynamic Token Recycling (tree sized per device);
+                          ``dtr:suffix=true`` fuses suffix-match candidates into it
 ``pld``                   prompt lookup with tree-shaped candidates
+``suffix``                suffix-automaton drafting over the context and a corpus
 ``chain``                 chain speculative decoding with a draft model
 ``specinfer``             SpecInfer tree of i.i.d. draft samples
 ``dyspec``                DySpec greedy dynamic tree
@@ -130,11 +132,43 @@ def _int_or_auto(text: str) -> int | str:
 def _build_dtr(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
     cls = drafter_class("dynamic_token_recycling", "DynamicTokenRecycling")
     kwargs = _kwargs(params)
+    if kwargs.get("suffix"):
+        kwargs["suffix_drafter"] = drafter_class("suffix", "SuffixDrafter")(
+            corpus=_corpus(kwargs.pop("corpus_tokens", None))
+        )
+    kwargs.pop("corpus_tokens", None)
     if kwargs.get("budget") == "auto":
         from verispec.drafters.budget import latency_for
 
         kwargs["latency"] = latency_for(context.target)  # measured once per device, cached
     return EngineRunner(context, cls(vocab_size=context.target.vocab_size, **kwargs))
+
+
+def _corpus(max_tokens: int | None) -> Any:
+    """A fresh corpus for one runner (``None``: the default cap)."""
+    cls = drafter_class("suffix_corpus", "SuffixCorpus")
+    return cls() if max_tokens is None else cls(max_tokens)
+
+
+def _build_suffix(context: BenchContext, params: dict[str, Any]) -> MethodRunner:
+    kwargs = _kwargs(params)
+    corpus = _corpus(kwargs.pop("corpus_tokens", None))
+    return EngineRunner(context, drafter_class("suffix", "SuffixDrafter")(corpus=corpus, **kwargs))
+
+
+def _with_corpus_cap(native: Callable) -> Callable:
+    """``native``'s defaults plus the corpus's default cap (``corpus_tokens``)."""
+
+    def defaults() -> dict[str, Any]:
+        cap = drafter_class("suffix_corpus", "DEFAULT_CORPUS_TOKENS")
+        return {**native(), "corpus_tokens": cap}
+
+    return defaults
+
+
+_CORPUS_TOKENS = Param(
+    "corpus_tokens", int, None, "cap on the suffix corpus (oldest answers evicted)", 1
+)
 
 
 def _self_draft(context: BenchContext, text: str | None) -> Any:
@@ -307,7 +341,7 @@ def _entries() -> list[MethodEntry]:
         ),
         MethodEntry(
             "dtr",
-            "Dynamic Token Recycling: calibrated dynamic tree, budget per device, PLD fusion",
+            "Dynamic Token Recycling: calibrated dynamic tree, budget per device, PLD/suffix",
             (
                 Param(
                     "budget",
@@ -319,13 +353,15 @@ def _entries() -> list[MethodEntry]:
                 ),
                 Param("k", int, None, "candidates recycled per token (K)", 1, 1024),
                 Param("fusion", bool, None, "add prompt-lookup candidates"),
+                Param("suffix", bool, None, "add suffix-match candidates (context + corpus)"),
+                _CORPUS_TOKENS,
                 Param("max_budget", int, None, "most nodes `auto` may choose", 1),
                 Param("max_depth", int, None, "deepest node considered", 1),
                 Param("decay", float, None, "per-step forgetting of the calibration", 0, 1),
             ),
             _build_dtr,
             _class_available("dynamic_token_recycling", "DynamicTokenRecycling"),
-            _native("dynamic_token_recycling", "DynamicTokenRecycling"),
+            _with_corpus_cap(_native("dynamic_token_recycling", "DynamicTokenRecycling")),
         ),
         MethodEntry(
             "pld",
@@ -341,6 +377,21 @@ def _entries() -> list[MethodEntry]:
             _model_free("prompt_lookup", "PromptLookup", rename={"max": "max_tokens"}),
             _class_available("prompt_lookup", "PromptLookup"),
             _native("prompt_lookup", "PromptLookup", rename={"max": "max_tokens"}),
+        ),
+        MethodEntry(
+            "suffix",
+            "suffix automaton over the context and a corpus of earlier answers, as a tree",
+            (
+                Param("budget", int, None, "most draft nodes per step", 0),
+                Param("max_depth", int, None, "deepest node considered", 1),
+                Param("depth_factor", float, None, "depth <= depth_factor x match length", 0),
+                Param("min_match", int, None, "shortest suffix match used", 1),
+                Param("decay", float, None, "per-step forgetting of the calibration", 0, 1),
+                _CORPUS_TOKENS,
+            ),
+            _build_suffix,
+            _class_available("suffix", "SuffixDrafter"),
+            _with_corpus_cap(_native("suffix", "SuffixDrafter")),
         ),
         MethodEntry(
             "chain",

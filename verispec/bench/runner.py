@@ -5,8 +5,14 @@ after the method's own answer to turn 1) before the next question starts, so a
 slow drift of the machine (thermal throttling, a neighbour's job) hits all
 methods alike. The method order rotates from one question to the next so no
 method always runs first. Before measuring, each method generates ``warmup``
-answers to a prompt outside the set; learnt state (Token Recycling's matrix) is
-then reset so the measured run starts cold, as in the papers.
+answers to a prompt outside the set; learnt state (Token Recycling's matrix, a
+suffix corpus) is then reset so the measured run starts cold, as in the papers.
+
+Two settings for drafters that keep a corpus of earlier answers (``suffix``,
+``dtr:suffix=true``): *independent* (the default: nothing is added to the corpus, each
+answer sees only its own context) and *cross-request* (``carry_corpus``: each measured
+answer is added to its method's corpus once it is produced, so later questions, and the
+second turn, can retrieve from it).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class BenchConfig:
         seed: seeds every generation's random draws.
         warmup: warm-up generations per method before measuring (not counted).
         chat: apply the tokenizer's chat template.
+        carry_corpus: add every measured answer to its method's corpus (cross-request).
     """
 
     max_new_tokens: int = 128
@@ -54,6 +61,7 @@ class BenchConfig:
     seed: int = 0
     warmup: int = 1
     chat: bool = True
+    carry_corpus: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.warmup < 0:
@@ -202,6 +210,8 @@ def run_bench(
                         result=result,
                     )
                     records.append(record)
+                    if config.carry_corpus:
+                        runners[label].remember(result.tokens)
                     if on_record is not None:
                         on_record(record)
                     messages.append({"role": "assistant", "content": result.text})

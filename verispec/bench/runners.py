@@ -113,6 +113,10 @@ class MethodRunner(Protocol):
         """Generate an answer to ``prompt_ids`` (already templated)."""
         ...
 
+    def remember(self, tokens: Sequence[int]) -> None:
+        """Keep an answer for later prompts (a suffix corpus); a no-op for other methods."""
+        ...
+
 
 # -- measurement ----------------------------------------------------------------------
 
@@ -187,6 +191,11 @@ class EngineRunner:
         reset = getattr(self.drafter, "reset", None)
         if callable(reset):
             reset()
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        remember = getattr(self.drafter, "remember", None)
+        if callable(remember):
+            remember(list(tokens))
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
         if config.eos_token_ids is None and self.context.eos_token_ids:
@@ -299,6 +308,9 @@ class HFRunner:
         self.clock = _ForwardClock(self.model, context.device)
 
     def reset(self) -> None:
+        pass
+
+    def remember(self, tokens: Sequence[int]) -> None:
         pass
 
     def _generate(self, ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
