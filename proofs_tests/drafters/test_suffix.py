@@ -236,3 +236,41 @@ def test_greedy_token_identical_on_tiny_llama(tiny, greedy_reference) -> None:
         drafter.remember(result.tokens)
         accepted += sum(s.accepted for s in result.steps)
     assert accepted > 0
+
+
+@pytest.fixture(scope="module")
+def smollm2(single_thread: None):
+    from verispec.errors import DefaultModelUnavailableError
+    from verispec.models import load_default_model
+
+    try:
+        model, tokenizer = load_default_model()
+    except DefaultModelUnavailableError as error:  # pragma: no cover - packaging issue
+        pytest.skip(str(error))
+    return model, tokenizer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["suffix", "dtr-suffix"])
+def test_greedy_token_identical_on_smollm2(smollm2, name: str) -> None:
+    """On SmolLM2, the suffix drafter and DTR fused with it generate exactly plain greedy's
+    32 tokens for two chat prompts, the second asking to repeat the first answer (retrieved
+    from the context and the corpus it was remembered in), and drafts are accepted."""
+    from verispec.drafters.dynamic_token_recycling import DynamicTokenRecycling
+
+    model, tokenizer = smollm2
+    drafter = SuffixDrafter() if name == "suffix" else DynamicTokenRecycling(suffix=True)
+    decoder = SpeculativeDecoder(model, drafter, Greedy())
+    plain = SpeculativeDecoder(model, None, Greedy())
+    messages = [{"role": "user", "content": "Name three uses of a paperclip."}]
+    accepted = 0
+    for _ in range(2):
+        ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False))  # fmt: skip
+        result = decoder.generate(ids, max_new_tokens=32)
+        assert result.tokens == plain.generate(ids, max_new_tokens=32).tokens
+        drafter.remember(result.tokens)
+        accepted += sum(step.accepted for step in result.steps)
+        answer = tokenizer.decode(result.tokens, skip_special_tokens=True)
+        messages = [{"role": "user", "content": f"Repeat exactly: {answer}"}]
+    assert accepted > 0

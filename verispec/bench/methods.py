@@ -384,7 +384,7 @@ def _entries() -> list[MethodEntry]:
             (
                 Param("budget", int, None, "most draft nodes per step", 0),
                 Param("max_depth", int, None, "deepest node considered", 1),
-                Param("depth_factor", float, None, "depth <= depth_factor x match length", 0),
+                Param("depth_factor", float, None, "cap: depth <= depth_factor x match length", 0),
                 Param("min_match", int, None, "shortest suffix match used", 1),
                 Param("decay", float, None, "per-step forgetting of the calibration", 0, 1),
                 _CORPUS_TOKENS,

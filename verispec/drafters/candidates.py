@@ -19,6 +19,7 @@ Shape glossary: M candidate nodes, C sources, N tree nodes.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 
 import attrs
 import torch
@@ -26,7 +27,15 @@ import torch
 from verispec.core.tree import DraftTree
 from verispec.core.types import Verdict
 
-__all__ = ["Calibration", "Candidates", "fuse", "subtree", "tried_and_hit"]
+__all__ = [
+    "Calibration",
+    "Candidates",
+    "fuse",
+    "revalue",
+    "subtree",
+    "tried_and_hit",
+    "update_by_agreement",
+]
 
 _MAX_RATE = 1.0 - 1e-6  # keeps a child strictly below its parent
 
@@ -73,6 +82,11 @@ class Calibration:
     def reset(self) -> None:
         self.hits.zero_()
         self.tries.zero_()
+
+    def fresh(self) -> Calibration:
+        """A calibration with the same settings and no observation."""
+        return Calibration(tuple(self.edge_list), self.prior, self.depths,
+                           self.strength, self.decay, self.depth_strength)  # fmt: skip
 
     @property
     def num_buckets(self) -> int:
@@ -199,6 +213,51 @@ def fuse(base: Candidates, extra: Candidates) -> Candidates:
             u_cells[i] = [max(a, b) for a, b in zip(u_cells[i], c, strict=True)]
         where.append(i)
     return Candidates.from_lists(u_tok, u_par, u_val, u_dep, u_cells, base.num_columns)
+
+
+def revalue(
+    cands: Candidates, exclusive: Sequence[Calibration], shared: Sequence[Calibration]
+) -> Candidates:
+    """Values re-estimated after fusion, by agreement between sources.
+
+    A node proposed by one source takes its rate from that source's ``exclusive``
+    calibration; a node proposed by several takes the largest of their ``shared``
+    calibrations' rates (a path that two sources agree on is accepted more often than
+    either source's nodes on average, and one only one source proposes, less). Values are
+    the products of the rates down each path. Column ``j`` of the cells is read with the
+    ``j``-th calibration of each list.
+    """
+    if cands.num_nodes == 0:
+        return cands
+    owned = cands.cells >= 0  # (M, C)
+    is_shared = owned.sum(1) > 1
+
+    def rates(calibrations: Sequence[Calibration]) -> torch.Tensor:
+        cols = [cal.rates()[cands.cells[:, j].clamp(min=0)] for j, cal in enumerate(calibrations)]
+        return torch.where(owned, torch.stack(cols, 1), 0.0).amax(1)  # (M,)
+
+    rate = torch.where(is_shared, rates(shared), rates(exclusive))
+    values = rate.clone()
+    for depth in range(2, int(cands.depths.max()) + 1):  # one op per level: parents first
+        at = cands.depths == depth
+        values[at] = rate[at] * values[cands.parents[at]]
+    return attrs.evolve(cands, values=values)
+
+
+def update_by_agreement(
+    cells: torch.Tensor,
+    tried: torch.Tensor,
+    hit: torch.Tensor,
+    exclusive: Sequence[Calibration],
+    shared: Sequence[Calibration],
+) -> None:
+    """Count a verified tree's nodes (cells: Shape: (N, C)) in the calibrations
+    :func:`revalue` read them from: exclusive nodes in their source's ``exclusive`` one,
+    shared nodes in each of their sources' ``shared`` one."""
+    is_shared = (cells >= 0).sum(1, keepdim=True) > 1  # (N, 1)
+    for j, (alone, together) in enumerate(zip(exclusive, shared, strict=True)):
+        alone.update(torch.where(is_shared[:, 0], -1, cells[:, j]), tried, hit)
+        together.update(torch.where(is_shared[:, 0], cells[:, j], -1), tried, hit)
 
 
 def subtree(cands: Candidates, chosen: torch.Tensor) -> tuple[DraftTree, Candidates]:
