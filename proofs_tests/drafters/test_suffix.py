@@ -165,6 +165,21 @@ def test_corpus_is_shared_and_remembered_across_generations() -> None:
     assert reader.propose(state).num_nodes == 0
 
 
+def test_a_context_that_is_not_an_extension_is_reindexed_and_corpus_changes_rematch() -> None:
+    """sync() rebuilds the context automaton for a context that does not extend the indexed
+    one, and a document remembered mid-generation is matched at the next proposal."""
+    drafter = SuffixDrafter()
+    drafter.sync([1, 2, 3, 1, 2])
+    assert drafter.context.repeated_suffix()[1] == 2
+    drafter.sync([5, 6, 5])
+    assert drafter.context.num_tokens == 3 and drafter.context.repeated_suffix()[1] == 1
+    state = decode_state([7, 8, 9])
+    drafter.begin(state)
+    assert drafter.propose(state).num_nodes == 0
+    drafter.remember([8, 9, 10, 11])
+    assert _paths(drafter.propose(state))[:2] == [(10,), (10, 11)]
+
+
 def test_observe_indexes_committed_tokens_and_calibrates_tried_nodes() -> None:
     """After a step the context automaton has the committed tokens (a new match appears),
     and only nodes whose parent was accepted count as tries."""
