@@ -84,6 +84,8 @@ _DRAFTER_SPECS = [
     "tr",
     "pld",
     "dtr",
+    "suffix",
+    "dtr:suffix=true",
     "chain",
     "specinfer",
     "dyspec",
@@ -201,6 +203,93 @@ def test_token_recycling_update(benchmark: Any, tr_tree: DraftTree) -> None:
     state = _state([5, *verdict.committed_tokens(tr_tree)], GREEDY)
     outcome = StepOutcome(tr_tree, logits, verdict, state)
     benchmark(drafter.observe, outcome)
+
+
+def _phrase_text(length: int, seed: int) -> list[int]:
+    """Text-like tokens from a book of 100 fixed phrases of 2-12 tokens (ids below 5,000):
+    every phrase once, then Zipf-weighted picks, so suffixes repeat as they do in prose and
+    every token of the continuation has been seen before."""
+    generator = torch.Generator().manual_seed(0)  # the same phrase book for every text
+    phrases = [
+        torch.randint(5000, (int(n),), generator=generator).tolist()
+        for n in torch.randint(2, 13, (100,), generator=generator)
+    ]
+    weights = 1.0 / torch.arange(1, 101, dtype=torch.float64)
+    draws = torch.Generator().manual_seed(seed)
+    picks = torch.randperm(100, generator=draws).tolist()
+    picks += torch.multinomial(weights, length, replacement=True, generator=draws).tolist()
+    out: list[int] = []
+    for pick in picks:
+        out.extend(phrases[pick])
+        if len(out) >= length:
+            break
+    return out[:length]
+
+
+def _model_free_drafter(spec: str, corpus_tokens: int) -> Any:
+    from verispec.drafters import DynamicTokenRecycling, PromptLookup
+    from verispec.drafters.suffix import SuffixDrafter
+    from verispec.drafters.suffix_corpus import SuffixCorpus
+
+    corpus = SuffixCorpus()
+    for seed in range(corpus_tokens // 500):
+        corpus.add(_phrase_text(500, 100 + seed))
+    return {
+        "pld": lambda: PromptLookup(),
+        "suffix": lambda: SuffixDrafter(corpus=corpus),
+        "dtr": lambda: DynamicTokenRecycling(vocab_size=V),
+        "dtr:suffix=true": lambda: DynamicTokenRecycling(
+            vocab_size=V, suffix=True, suffix_drafter=SuffixDrafter(corpus=corpus)
+        ),
+    }[spec]()
+
+
+@pytest.mark.parametrize("corpus_tokens", [0, 20_000])
+@pytest.mark.parametrize("spec", ["pld", "suffix", "dtr", "dtr:suffix=true"])
+def test_model_free_drafting_step(benchmark: Any, spec: str, corpus_tokens: int) -> None:
+    """Time one decode step's drafting work of a model-free drafter, ``propose`` then
+    ``observe`` (V = 49,152; DTR's observe includes its top-8 of (N + 1) x V logits), on a
+    1,024-token text-like context that grows by the committed tokens; the target's output
+    is a fixed continuation of the same phrase book (greedy: the tree's longest path along
+    it is accepted). ``corpus_tokens``: earlier outputs in the suffix corpus. Pass
+    ``--benchmark-columns=median`` and read microseconds per step."""
+    from verispec.core import StepOutcome, Verdict
+
+    if corpus_tokens and spec in ("pld", "dtr"):
+        pytest.skip("no corpus")
+    drafter = _model_free_drafter(spec, corpus_tokens)
+    text = _phrase_text(1024 + 4000, seed=1)
+    state = _state(text[:1024], GREEDY)
+    logits = torch.randn(65, V, generator=torch.Generator().manual_seed(2))
+    drafter.begin(state)
+    for _ in range(20):  # warm: DTR's matrix and every calibration see some steps
+        _drafting_step(drafter, state, text, logits, StepOutcome, Verdict)
+    benchmark.pedantic(
+        _drafting_step,
+        args=(drafter, state, text, logits, StepOutcome, Verdict),
+        rounds=300,
+        warmup_rounds=5,
+    )
+    benchmark.extra_info["context"] = len(state.tokens)
+
+
+def _drafting_step(
+    drafter: Any, state: DecodeState, text: list[int], logits: torch.Tensor, *types: Any
+) -> None:
+    step_outcome, verdict_type = types
+    tree = drafter.propose(state)
+    done = len(state.tokens)
+    accepted: list[int] = []
+    row = 0
+    while True:  # the longest path along the reference continuation
+        nxt = [c for c in tree.children[row] if int(tree.tokens[c]) == text[done + len(accepted)]]
+        if not nxt:
+            break
+        accepted.append(nxt[0])
+        row = nxt[0] + 1
+    verdict = verdict_type(tuple(accepted), text[done + len(accepted)])
+    state.tokens.extend(verdict.committed_tokens(tree))
+    drafter.observe(step_outcome(tree, logits[: tree.num_nodes + 1], verdict, state))
 
 
 # -- 2. tree masks ---------------------------------------------------------------------

@@ -50,7 +50,8 @@ def test_bench_help_documents_the_options(capsys: pytest.CaptureFixture[str]) ->
     assert info.value.code == 0
     text = capsys.readouterr().out
     for option in ("--methods", "--questions", "--limit", "--max-new-tokens", "--temperature",
-                   "--dtype", "--json", "--markdown", "--plot", "--warmup", "--seed"):  # fmt: skip
+                   "--dtype", "--json", "--markdown", "--plot", "--warmup", "--seed",
+                   "--carry-corpus"):  # fmt: skip
         assert option in text
 
 

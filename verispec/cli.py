@@ -366,6 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="warm-up answers per method, not measured (default 1)",
     )
+    bench.add_argument(
+        "--carry-corpus",
+        action="store_true",
+        help="cross-request setting: add each answer to its method's suffix corpus once "
+        "produced, so later questions can retrieve from it (default: independent answers)",
+    )
     _report_outputs(bench)
     bench.add_argument(
         "--records",
@@ -682,7 +688,7 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     questions = select_questions(
         questions, limit=limit, categories=categories, max_turns=args.turns
     )
-    config = _bench_config(args, warmup=args.warmup)
+    config = _bench_config(args, warmup=args.warmup, carry_corpus=args.carry_corpus)
     device = _device(args.device)
     outputs = _check_outputs(args)
     kernels = _kernel_scope(args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "ConfigError",
     "ContextLengthError",
+    "CorpusFileError",
     "DefaultModelUnavailableError",
     "IncompatibleModelsError",
     "KernelUnavailableError",
@@ -38,6 +39,11 @@ class IncompatibleModelsError(VerispecError, ValueError):
 
 class ContextLengthError(VerispecError, ValueError):
     """A prompt (or prompt plus tree) does not fit the model's context window."""
+
+
+class CorpusFileError(VerispecError, ValueError):
+    """A saved suffix corpus cannot be read: not such a file, another format version, or
+    truncated or corrupt data."""
 
 
 class NonFiniteLogitsError(VerispecError, ValueError):

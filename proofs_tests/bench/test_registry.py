@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from verispec.bench.methods import METHODS, _class_available
@@ -59,6 +61,26 @@ def test_model_free_drafter_specs_parse() -> None:
     assert parse_method("dtr:budget=24", METHODS).params["budget"] == 24
     with pytest.raises(ConfigError, match="must be an integer >= 0 or `auto`"):
         parse_method("dtr:budget=lots", METHODS)
+
+
+def test_suffix_specs_parse_and_build(smoke_context: Any) -> None:
+    """`suffix:budget=8:corpus_tokens=500` builds a SuffixDrafter on a corpus of that cap;
+    `dtr:suffix=true` builds DTR fused with a suffix drafter; the corpus cap's default is
+    the corpus's own."""
+    from verispec.drafters.suffix_corpus import DEFAULT_CORPUS_TOKENS
+
+    spec = parse_method("suffix:budget=8:corpus_tokens=500", METHODS)
+    drafter = METHODS["suffix"].build(smoke_context, spec.params).drafter
+    assert drafter.budget == 8 and drafter.corpus.max_tokens == 500
+    fused = parse_method("dtr:suffix=true", METHODS)
+    assert fused.params["corpus_tokens"] == DEFAULT_CORPUS_TOKENS
+    dtr = METHODS["dtr"].build(smoke_context, fused.params).drafter
+    assert dtr.use_suffix and not dtr.use_lookup
+    assert (
+        not METHODS["dtr"]
+        .build(smoke_context, parse_method("dtr", METHODS).params)
+        .drafter.use_suffix
+    )
 
 
 def test_unset_parameters_take_the_drafters_own_defaults() -> None:

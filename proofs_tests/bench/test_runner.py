@@ -30,6 +30,9 @@ class _SpyRunner:
     def reset(self) -> None:
         self.log.append(("reset", self.label, 0))
 
+    def remember(self, tokens: Sequence[int]) -> None:
+        self.log.append(("remember", self.label, len(tokens)))
+
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
         self.log.append(("run", self.label, len(prompt_ids)))
         return TurnResult(
@@ -47,7 +50,9 @@ class _SpyRunner:
         )
 
 
-def _spy_bench(smoke_context: Any, warmup: int) -> tuple[list[tuple[str, str, int]], Any]:
+def _spy_bench(
+    smoke_context: Any, warmup: int, carry: bool = False
+) -> tuple[list[tuple[str, str, int]], Any]:
     specs = parse_methods("ar,hf,tr:template=8", METHODS)
     log: list[tuple[str, str, int]] = []
     runners: dict[str, Any] = {s.label: _SpyRunner(s.label, log) for s in specs}
@@ -56,7 +61,7 @@ def _spy_bench(smoke_context: Any, warmup: int) -> tuple[list[tuple[str, str, in
         smoke_context,
         specs,
         questions,
-        BenchConfig(warmup=warmup, chat=False),
+        BenchConfig(warmup=warmup, chat=False, carry_corpus=carry),
         progress=False,
         runners=runners,
     )
@@ -75,6 +80,26 @@ def test_warmup_runs_first_then_resets_and_is_not_recorded(smoke_context: Any) -
     ]
     assert all(kind == "run" for kind, _, _ in log[first_measured:])
     assert len(run.records) == 3 * 3  # 3 methods x 3 turns; warm-up excluded
+
+
+@pytest.mark.parametrize("carry", [False, True])
+def test_carry_corpus_remembers_each_measured_answer_after_it(
+    smoke_context: Any, carry: bool
+) -> None:
+    """With carry_corpus every measured answer is handed to its method's `remember` right
+    after it is produced (warm-up answers never are, and a reset follows them); without
+    it nothing is remembered."""
+    log, run = _spy_bench(smoke_context, warmup=1, carry=carry)
+    remembered = [e for e in log if e[0] == "remember"]
+    if not carry:
+        assert remembered == []
+        return
+    assert len(remembered) == len(run.records) == 9
+    measured = log[6:]  # 3 methods x (1 warm-up run + 1 reset)
+    assert all(e[0] != "remember" for e in log[:6])
+    for i, (kind, label, _) in enumerate(measured):
+        if kind == "run":
+            assert measured[i + 1] == ("remember", label, 3)
 
 
 def test_methods_are_interleaved_question_by_question_in_rotating_order(

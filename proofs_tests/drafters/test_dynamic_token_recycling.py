@@ -28,6 +28,8 @@ from verispec.drafters.dynamic_token_recycling import (
     score_to_code,
 )
 from verispec.drafters.prompt_lookup import PromptLookup
+from verispec.drafters.suffix import SuffixDrafter
+from verispec.drafters.suffix_corpus import SuffixCorpus
 from verispec.drafters.token_recycling import row_topk_scored
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.models.markov import MarkovModel
@@ -281,6 +283,56 @@ def test_fusion_adds_context_continuations_and_merges_shared_paths() -> None:
     assert float(both.last_values[paths.index((9,))]) == pytest.approx(max(v_tr, v_pld))
 
 
+# -- fusion with suffix matches ---------------------------------------------------------------
+
+
+def test_suffix_fusion_adds_corpus_continuations_in_place_of_prompt_lookup() -> None:
+    """With suffix=True and an empty matrix the tree is the suffix candidates, including a
+    continuation only the corpus knows; prompt lookup is not consulted; remember() feeds
+    the corpus and reset() empties it."""
+    corpus = SuffixCorpus()
+    drafter = DynamicTokenRecycling(
+        4, k=2, vocab_size=50, suffix=True, suffix_drafter=SuffixDrafter(corpus=corpus)
+    )
+    drafter.remember([30, 31, 32, 33, 34])
+    context = [5, 6, 7, 30, 31]
+    drafter.begin(_state(context))
+    tree = drafter.propose(_state(context))
+    assert [tree.path_tokens(i) for i in range(len(tree))] == [
+        [32], [32, 33], [32, 33, 34]
+    ]  # fmt: skip
+    assert drafter.lookup.index.tokens == []  # prompt lookup never indexed the context
+    drafter.reset()
+    assert corpus.num_tokens == 0
+
+
+def test_suffix_fusion_values_a_shared_path_by_agreement() -> None:
+    """A path that both the matrix and the suffix match propose is valued with the shared
+    calibrations, a path only one proposes with that source's exclusive calibration."""
+    context = [4, 7, 8, 9, 1, 4, 7, 8]  # the context continues (4, 7, 8) with 9 1 4 7 8
+    drafter = DynamicTokenRecycling(6, k=2, vocab_size=12, suffix=True)
+    assert drafter._ids is not None and drafter._codes is not None
+    drafter._ids[8] = _encode(torch.tensor([9, 3]), torch.int16)
+    drafter._codes[8] = score_to_code(torch.tensor([0.9, 0.05]))
+    drafter.begin(_state(context))
+    tree = drafter.propose(_state(context))
+    paths = [tuple(tree.path_tokens(i)) for i in range(len(tree))]
+    cells = drafter._last[1]  # type: ignore[index]
+    shared, alone = paths.index((9,)), paths.index((3,))
+    assert (cells[shared] >= 0).sum() == 2 and (cells[alone] >= 0).sum() == 1
+    tr_shared = float(drafter._shared[0].rates()[cells[shared, 0]])
+    suffix_shared = float(drafter._shared[2].rates()[cells[shared, 2]])
+    assert float(drafter.last_values[shared]) == pytest.approx(max(tr_shared, suffix_shared))
+    tr_alone = float(drafter.tr_calibration.rates()[cells[alone, 0]])
+    assert float(drafter.last_values[alone]) == pytest.approx(tr_alone)
+
+
+def test_suffix_drafter_needs_suffix_true() -> None:
+    """A suffix_drafter passed without suffix=True is refused (it would be ignored)."""
+    with pytest.raises(ConfigError, match="`suffix_drafter` is only used with `suffix=True`"):
+        DynamicTokenRecycling(suffix_drafter=SuffixDrafter())
+
+
 # -- the budget rule inside the drafter ----------------------------------------------------
 
 
@@ -350,10 +402,13 @@ def _prompts(count: int, vocab: int) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("variant", ["8", "16-nofusion", "auto"])
+@pytest.mark.parametrize("variant", ["8", "16-nofusion", "auto", "16-suffix"])
 def test_greedy_token_identical_on_tiny_llama(tiny, greedy_reference, variant: str) -> None:
-    """DTR + Greedy produces exactly plain greedy's tokens for 10 prompts per variant."""
-    if variant == "auto":
+    """DTR + Greedy produces exactly plain greedy's tokens for 10 prompts per variant (with
+    suffix fusion, each answer is remembered in the corpus for the next prompts)."""
+    if variant == "16-suffix":
+        drafter = DynamicTokenRecycling(16, suffix=True)
+    elif variant == "auto":
         table = LatencyTable([0, 8, 64], [1.0, 1.1, 3.0])
         drafter = DynamicTokenRecycling("auto", latency=table)
     elif variant == "8":
@@ -366,6 +421,7 @@ def test_greedy_token_identical_on_tiny_llama(tiny, greedy_reference, variant: s
     for prompt in _prompts(10, tiny.vocab_size):
         result = decoder.generate(prompt, config)
         assert result.tokens == greedy_reference(prompt, 40)
+        drafter.remember(result.tokens)
         accepted += sum(s.accepted for s in result.steps)
     assert accepted > 0
 

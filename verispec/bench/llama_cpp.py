@@ -112,6 +112,9 @@ class LlamaCppRunner:
         self.forwards = 0  # eval calls of the current generation
         self.setup_s = 0.0
 
+    def remember(self, tokens: Sequence[int]) -> None:
+        pass
+
     def reset(self) -> None:
         """Nothing learnt across prompts (llama.cpp's prompt lookup reads only the context)."""
 

@@ -151,6 +151,7 @@ _SHARED_CONFIG = (
     "top_p",
     "min_p",
     "verifier",
+    "carry_corpus",
 )
 _SHARED_MACHINE = ("dtype", "device")
 

@@ -12,8 +12,10 @@ method is checked or built, so a method whose module is not installed reports
 ``hf-pld``                ``generate(prompt_lookup_num_tokens=...)``
 ``hf-assist-ee``          ``generate(assistant_early_exit=...)`` self-speculation
 ``tr``                    :class:`~verispec.drafters.TokenRecycling`
-``dtr``                   Dynamic Token Recycling (tree sized per device)
+``dtr``                   Dynamic Token Recycling (tree sized per device);
+                          ``dtr:suffix=true`` fuses suffix-match candidates into it
 ``pld``                   prompt lookup with tree-shaped candidates
+``suffix``                suffix-automaton drafting over the context and a corpus
 ``chain``                 chain speculative decoding with a draft model
 ``specinfer``             SpecInfer tree of i.i.d. draft samples
 ``dyspec``                DySpec greedy dynamic tree
@@ -159,11 +161,44 @@ def _drafter_dtr(target: Any, params: dict[str, Any], draft_model: Any = None) -
     _needs_target("dtr", target, "its vocabulary size and, for budget=auto, its latency")
     cls = drafter_class("dynamic_token_recycling", "DynamicTokenRecycling")
     kwargs = _kwargs(params)
+    if kwargs.get("suffix"):
+        kwargs["suffix_drafter"] = drafter_class("suffix", "SuffixDrafter")(
+            corpus=_corpus(kwargs.pop("corpus_tokens", None))
+        )
+    kwargs.pop("corpus_tokens", None)
     if kwargs.get("budget") == "auto":
         from verispec.drafters.budget import latency_for
 
         kwargs["latency"] = latency_for(target)  # measured once per device, cached
     return cls(vocab_size=target.vocab_size, **kwargs)
+
+
+def _corpus(max_tokens: int | None) -> Any:
+    """A fresh corpus for one drafter (``None``: the default cap)."""
+    cls = drafter_class("suffix_corpus", "SuffixCorpus")
+    return cls() if max_tokens is None else cls(max_tokens)
+
+
+def _drafter_suffix(target: Any, params: dict[str, Any], draft_model: Any = None) -> Any:
+    _no_draft_model("suffix", draft_model)
+    kwargs = _kwargs(params)
+    corpus = _corpus(kwargs.pop("corpus_tokens", None))
+    return drafter_class("suffix", "SuffixDrafter")(corpus=corpus, **kwargs)
+
+
+def _with_corpus_cap(native: Callable) -> Callable:
+    """``native``'s defaults plus the corpus's default cap (``corpus_tokens``)."""
+
+    def defaults() -> dict[str, Any]:
+        cap = drafter_class("suffix_corpus", "DEFAULT_CORPUS_TOKENS")
+        return {**native(), "corpus_tokens": cap}
+
+    return defaults
+
+
+_CORPUS_TOKENS = Param(
+    "corpus_tokens", int, None, "cap on the suffix corpus (oldest answers evicted)", 1
+)
 
 
 def _self_draft(target: Any, text: str | None) -> Any:
@@ -420,7 +455,7 @@ def _entries() -> list[MethodEntry]:
         ),
         MethodEntry(
             "dtr",
-            "Dynamic Token Recycling: calibrated dynamic tree, budget per device, PLD fusion",
+            "Dynamic Token Recycling: calibrated dynamic tree, budget per device, PLD/suffix",
             (
                 Param(
                     "budget",
@@ -432,13 +467,15 @@ def _entries() -> list[MethodEntry]:
                 ),
                 Param("k", int, None, "candidates recycled per token (K)", 1, 1024),
                 Param("fusion", bool, None, "add prompt-lookup candidates"),
+                Param("suffix", bool, None, "add suffix-match candidates (context + corpus)"),
+                _CORPUS_TOKENS,
                 Param("max_budget", int, None, "most nodes `auto` may choose", 1),
                 Param("max_depth", int, None, "deepest node considered", 1),
                 Param("decay", float, None, "per-step forgetting of the calibration", 0, 1),
             ),
             _engine(_drafter_dtr),
             _class_available("dynamic_token_recycling", "DynamicTokenRecycling"),
-            _native("dynamic_token_recycling", "DynamicTokenRecycling"),
+            _with_corpus_cap(_native("dynamic_token_recycling", "DynamicTokenRecycling")),
             drafter=_drafter_dtr,
         ),
         MethodEntry(
@@ -456,6 +493,22 @@ def _entries() -> list[MethodEntry]:
             _class_available("prompt_lookup", "PromptLookup"),
             _native("prompt_lookup", "PromptLookup", rename={"max": "max_tokens"}),
             drafter=_PLD,
+        ),
+        MethodEntry(
+            "suffix",
+            "suffix automaton over the context and a corpus of earlier answers, as a tree",
+            (
+                Param("budget", int, None, "most draft nodes per step", 0),
+                Param("max_depth", int, None, "deepest node considered", 1),
+                Param("depth_factor", float, None, "cap: depth <= depth_factor x match length", 0),
+                Param("min_match", int, None, "shortest suffix match used", 1),
+                Param("decay", float, None, "per-step forgetting of the calibration", 0, 1),
+                _CORPUS_TOKENS,
+            ),
+            _engine(_drafter_suffix),
+            _class_available("suffix", "SuffixDrafter"),
+            _with_corpus_cap(_native("suffix", "SuffixDrafter")),
+            drafter=_drafter_suffix,
         ),
         MethodEntry(
             "chain",

@@ -5,15 +5,22 @@ after the method's own answer to turn 1) before the next question starts, so a
 slow drift of the machine (thermal throttling, a neighbour's job) hits all
 methods alike. The method order rotates from one question to the next so no
 method always runs first. Before measuring, each method generates ``warmup``
-answers to a prompt outside the set; learnt state (Token Recycling's matrix) is
-then reset so the measured run starts cold, as in the papers.
+answers to a prompt outside the set; learnt state (Token Recycling's matrix, a
+suffix corpus) is then reset so the measured run starts cold, as in the papers.
+
+Two settings for drafters that keep a corpus of earlier answers (``suffix``,
+``dtr:suffix=true``): *independent* (the default: nothing is added to the corpus, each
+answer sees only its own context) and *cross-request* (``carry_corpus``: each measured
+answer is added to its method's corpus once it is produced, so later questions, and the
+second turn, can retrieve from it).
 
 A run can be resumed: given the answers an earlier, interrupted run finished
 (``finished``, reloaded by :mod:`verispec.bench.records`), :func:`run_bench` keeps
 them and generates only the others. A method that learns across prompts (a drafter
 with ``reset``: Token Recycling's matrix, DTR's calibration) first answers its
-finished prompts again, unrecorded, so that it reaches the remaining ones in the
-state an uninterrupted run would have: the report is then the same.
+finished prompts again, unrecorded, and with ``carry_corpus`` remembers their recorded
+answers, so that it reaches the remaining ones in the state an uninterrupted run would
+have: the report is then the same.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ class BenchConfig:
             ``"default"`` (the coupled rule for trees of fixed candidates and plain
             decoding, recursive rejection for draft-model trees) or ``"recursive"``
             (recursive rejection for every tree).
+        carry_corpus: add every measured answer to its method's corpus (cross-request).
     """
 
     max_new_tokens: int = 128
@@ -79,6 +87,7 @@ class BenchConfig:
     top_p: float = 1.0
     min_p: float = 0.0
     verifier: Literal["default", "recursive"] = "default"
+    carry_corpus: bool = False
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
@@ -270,6 +279,8 @@ def run_bench(
                         if on_record is not None:
                             on_record(record)
                     records.append(record)
+                    if config.carry_corpus:
+                        runners[label].remember(record.result.tokens)
                     messages.append({"role": "assistant", "content": record.result.text})
                     bar.update(1)
     finally:

@@ -128,6 +128,10 @@ class MethodRunner(Protocol):
         """Generate an answer to ``prompt_ids`` (already templated)."""
         ...
 
+    def remember(self, tokens: Sequence[int]) -> None:
+        """Keep an answer for later prompts (a suffix corpus); a no-op for other methods."""
+        ...
+
 
 # -- measurement ----------------------------------------------------------------------
 
@@ -217,6 +221,11 @@ class EngineRunner:
         reset = getattr(self.drafter, "reset", None)
         if callable(reset):
             reset()
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        remember = getattr(self.drafter, "remember", None)
+        if callable(remember):
+            remember(list(tokens))
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
         if config.eos_token_ids is None and self.context.eos_token_ids:
@@ -352,6 +361,9 @@ class HFRunner:
         self.setup_s = 0.0
 
     def reset(self) -> None:
+        pass
+
+    def remember(self, tokens: Sequence[int]) -> None:
         pass
 
     def _static_options(self) -> dict[str, Any]:

@@ -32,6 +32,16 @@ level is one gather and one top-k: no Python loop over nodes.
 calibrated value (by depth and by the share of matches that agree); a path found by
 both sources keeps the larger value.
 
+**Fusion with suffix matches** (``suffix=True``, in place of prompt lookup). The
+continuations of the longest suffix matches in the context and in a corpus of earlier
+outputs (:class:`~verispec.drafters.suffix.SuffixDrafter`) join the tree, and after the
+union every node is valued again by *agreement*
+(:func:`~verispec.drafters.candidates.revalue`): a node only one source proposed takes
+a rate calibrated on such nodes of that source, a node several sources agree on the
+largest of their rates calibrated on shared nodes. Pooling the two kinds overvalues the
+lone nodes: on logged SmolLM2 steps, recycled nodes no other source proposed were
+accepted 10-12% of the time where their pooled calibration predicted 14-17%.
+
 **Budget.** A fixed ``budget=N``, or ``budget="auto"``: the prefix of the value order
 that maximises ``(1 + sum of values) / T(n)`` with ``T`` the target's measured latency
 (:mod:`verispec.drafters.budget`).
@@ -44,7 +54,6 @@ Shape glossary: N tree nodes, V vocabulary, K candidates per token.
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import torch
@@ -52,93 +61,27 @@ import torch
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
 from verispec.drafters.budget import LatencyTable, choose_budget
+from verispec.drafters.candidates import (
+    Calibration,
+    Candidates,
+    check_learning,
+    fuse,
+    revalue,
+    subtree,
+    tried_and_hit,
+    update_by_agreement,
+)
 from verispec.drafters.prompt_lookup import PromptLookup
+from verispec.drafters.suffix import SOURCES, SuffixDrafter
 from verispec.drafters.token_recycling import last_occurrence_mask, row_topk_scored
 from verispec.errors import ConfigError, IncompatibleModelsError
 
 __all__ = ["Calibration", "DynamicTokenRecycling", "code_to_score", "score_to_code"]
 
+_TR, _PLD, _SUFFIX = 0, 1, 2  # candidate columns: recycled, prompt lookup, suffix sources
+_COLUMNS = 2 + len(SOURCES)
 _TR_EDGES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 _PLD_EDGES = (0.3, 0.45, 0.7, 0.99)
-_MAX_RATE = 1.0 - 1e-6  # keeps a child strictly below its parent
-
-
-class Calibration:
-    """Online acceptance rates by depth and score bucket, shrunk toward the bucket's rate.
-
-    A *try* is a node whose parent was accepted (or a child of the root) and a *hit* an
-    accepted one. Two levels of pseudo-counts::
-
-        bucket[b]  = (hits[b] + strength * prior[b]) / (tries[b] + strength)
-        rate[d, b] = (hits[d, b] + depth_strength * bucket[b]) / (tries[d, b] + depth_strength)
-
-    so sparse (depth, bucket) cells borrow from all depths of their bucket. On logged
-    SmolLM2 steps (2,851 tried nodes) the score bucket explains acceptance far better
-    than depth, and this shrinkage predicts as well as the bucket alone (log-loss 0.259
-    against 0.256) while still following a depth effect where there is one. Counts decay
-    by ``decay`` per observed step, so the table follows the text.
-
-    Args:
-        edges: bucket edges of the score, increasing in (0, 1).
-        prior: float, Shape: (B,). Rate assumed before any observation, B = len(edges) + 1.
-        depths: depths tracked; deeper nodes share the last row.
-    """
-
-    def __init__(
-        self,
-        edges: tuple[float, ...],
-        prior: torch.Tensor,
-        depths: int,
-        strength: float,
-        decay: float,
-        depth_strength: float = 16.0,
-    ) -> None:
-        self.edges = torch.tensor(edges, dtype=torch.float32)
-        self.prior = prior.to(torch.float64)
-        self.depths = depths
-        self.strength, self.decay, self.depth_strength = strength, decay, depth_strength
-        self.hits = torch.zeros(depths, len(edges) + 1, dtype=torch.float64)
-        self.tries = torch.zeros_like(self.hits)
-        self._code_buckets = torch.bucketize(
-            code_to_score(torch.arange(256, dtype=torch.uint8)), self.edges
-        )
-
-    def reset(self) -> None:
-        self.hits.zero_()
-        self.tries.zero_()
-
-    @property
-    def num_buckets(self) -> int:
-        return len(self.edges) + 1
-
-    def code_buckets(self) -> torch.Tensor:
-        """int64, Shape: (256,). Score bucket of every uint8 score code."""
-        return self._code_buckets
-
-    def cells(self, depth: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
-        """int64 flat cell index of each (depth, score); depth is 1-based. Same shape."""
-        bucket = torch.bucketize(score.float(), self.edges)
-        row = (depth - 1).clamp(0, self.depths - 1)
-        return row * (len(self.edges) + 1) + bucket
-
-    def rates(self) -> torch.Tensor:
-        """float64, Shape: (depths * B,). Calibrated acceptance rate of every cell."""
-        bucket = (self.hits.sum(0) + self.strength * self.prior) / (
-            self.tries.sum(0) + self.strength
-        )  # (B,)
-        rate = (self.hits + self.depth_strength * bucket) / (self.tries + self.depth_strength)
-        return rate.clamp_(1e-9, _MAX_RATE).reshape(-1)
-
-    def update(self, cells: torch.Tensor, tried: torch.Tensor, hit: torch.Tensor) -> None:
-        """Count the tried nodes (bool masks, Shape: (N,)) of cells ``cells`` (-1 = none)."""
-        self.hits.mul_(self.decay)
-        self.tries.mul_(self.decay)
-        use = tried & (cells >= 0)
-        flat = cells[use]
-        self.tries.view(-1).index_add_(0, flat, torch.ones(flat.numel(), dtype=torch.float64))
-        self.hits.view(-1).index_add_(0, flat, hit[use].to(torch.float64))
-
-
 _CODE_STEP = 16.0  # score codes: log(score) in steps of 1/16, code 255 = score 1
 
 
@@ -168,18 +111,25 @@ class DynamicTokenRecycling:
     Args:
         budget: nodes per step, or ``"auto"`` to let the latency table choose each step.
         k: K, candidates recycled per token.
-        fusion: add prompt-lookup candidates (``prompt_lookup`` configures them).
+        fusion: add prompt-lookup candidates (``prompt_lookup`` configures them); not
+            with ``suffix=True``, whose context matches cover the same ground.
+        suffix: add suffix-match candidates from the context and a corpus
+            (``suffix_drafter`` configures them), valued by agreement (module notes).
         latency: the target's :class:`~verispec.drafters.budget.LatencyTable`, needed by
             ``budget="auto"`` (``verispec.drafters.budget.latency_for(model)``).
         max_budget: most nodes ``"auto"`` may choose (and the beam width).
         max_depth: deepest node considered.
         prompt_lookup: the n-gram matcher used for fusion (default ``PromptLookup()``).
+        suffix_drafter: the suffix matcher used with ``suffix=True`` (default
+            ``SuffixDrafter()``, with a private corpus; build one on a shared
+            :class:`~verispec.drafters.suffix_corpus.SuffixCorpus` to pool outputs).
         prior_strength: pseudo-count of the calibration prior.
         decay: per-step forgetting of the calibration counts.
         vocab_size: allocate the matrix now rather than at the first observed step.
 
     Raises:
-        ConfigError: an argument out of range, or ``"auto"`` without a latency table.
+        ConfigError: an argument out of range, ``"auto"`` without a latency table, or a
+            ``suffix_drafter`` without ``suffix=True``.
     """
 
     needs_draft_model: ClassVar[bool] = False
@@ -190,10 +140,12 @@ class DynamicTokenRecycling:
         k: int = 8,
         *,
         fusion: bool = True,
+        suffix: bool = False,
         latency: LatencyTable | None = None,
         max_budget: int = 64,
         max_depth: int = 12,
         prompt_lookup: PromptLookup | None = None,
+        suffix_drafter: SuffixDrafter | None = None,
         prior_strength: float = 8.0,
         decay: float = 0.999,
         vocab_size: int | None = None,
@@ -214,18 +166,18 @@ class DynamicTokenRecycling:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"`{name}` must be an integer >= {low}; got {value!r}.")
-        for name, real, high, allowed in (
-            ("decay", decay, 1.0, "in (0, 1]"),
-            ("prior_strength", prior_strength, math.inf, "a finite number > 0"),
-        ):
-            number = isinstance(real, int | float) and not isinstance(real, bool)
-            if not number or not 0 < real <= high or real == math.inf:
-                raise ConfigError(f"`{name}` must be {allowed}; got {real!r}.")
-        if not isinstance(fusion, bool):
-            raise ConfigError(f"`fusion` must be True or False; got {fusion!r}.")
+        check_learning(decay, prior_strength)
+        for name, flag in (("fusion", fusion), ("suffix", suffix)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"`{name}` must be True or False; got {flag!r}.")
+        if suffix_drafter is not None and not suffix:
+            raise ConfigError("`suffix_drafter` is only used with `suffix=True`; got suffix=False.")
         self.budget = budget
         self.k = k
         self.fusion = fusion
+        self.use_lookup = bool(fusion) and not suffix
+        self.suffix = suffix_drafter if suffix_drafter is not None else SuffixDrafter()
+        self.use_suffix = bool(suffix)
         self.latency = latency
         self.max_budget = max_budget if budget == "auto" else int(budget)
         self.max_depth = max_depth
@@ -238,7 +190,13 @@ class DynamicTokenRecycling:
         self.pld_calibration = Calibration(_PLD_EDGES, pld_prior, 8, prior_strength, decay)
         self._ids: torch.Tensor | None = None  # (V, K) int16 (offset) or int32
         self._codes: torch.Tensor | None = None  # (V, K) uint8 score codes, 0 = unknown
-        self._last: tuple[DraftTree, torch.Tensor, torch.Tensor] | None = None
+        self._tr_code_buckets = torch.bucketize(
+            code_to_score(torch.arange(256, dtype=torch.uint8)), self.tr_calibration.edges
+        )
+        # with suffix=True, every source's calibration in two: exclusive and shared nodes
+        self._sources = [self.tr_calibration, self.pld_calibration, *self.suffix.calibrations]
+        self._shared = [calibration.fresh() for calibration in self._sources]
+        self._last: tuple[DraftTree, torch.Tensor] | None = None  # the tree and its cells
         self.last_values = torch.empty(0, dtype=torch.float64)  # values of the last tree's nodes
         if vocab_size is not None:
             self._allocate(vocab_size)
@@ -264,24 +222,31 @@ class DynamicTokenRecycling:
         return _decode(self._ids), code_to_score(self._codes)
 
     def reset(self) -> None:
-        """Forget the matrix, the calibration and the context index."""
+        """Forget the matrix, the calibration, the context index and the suffix corpus."""
         if self._codes is not None:
             self._codes.zero_()
         self.tr_calibration.reset()
         self.pld_calibration.reset()
         self.lookup.reset()
+        self.suffix.reset()
+        for calibration in self._shared:
+            calibration.reset()
         self._last = None
+
+    def remember(self, tokens: list[int]) -> None:
+        """Add a document (e.g. a finished answer) to the suffix corpus (``suffix=True``)."""
+        if self.use_suffix:
+            self.suffix.remember(tokens)
 
     # -- candidates -------------------------------------------------------------------
 
-    def _recycled(self, root: int, width: int, depth_cap: int) -> tuple[torch.Tensor, ...]:
-        """Beam over the scored matrix: tokens, parents, values, depths, cells (Shape: (M,))."""
+    def _recycled(self, root: int, width: int, depth_cap: int) -> Candidates:
+        """Beam over the scored matrix, as a trie whose nodes are in beam order."""
         ids, codes = self._ids, self._codes
-        empty = torch.empty(0, dtype=torch.long)
         if ids is None or codes is None or root >= ids.shape[0] or width == 0:
-            return empty, empty, empty.double(), empty, empty
+            return Candidates.empty(_COLUMNS)
         cal = self.tr_calibration
-        buckets = cal.code_buckets()  # (256,)
+        buckets = self._tr_code_buckets  # (256,)
         rate_of_code = cal.rates().reshape(cal.depths, -1)[:, buckets]  # (depths, 256)
         rate_of_code[:, 0] = 0.0  # unknown slots are worth nothing
         k = ids.shape[1]
@@ -311,100 +276,62 @@ class DynamicTokenRecycling:
                 best = torch.topk(best, width).values
             front_tok, front_val, front_idx = tok, top_val, idx
         if not parts:
-            return empty, empty, empty.double(), empty, empty
-        return tuple(torch.cat([p[i] for p in parts]) for i in range(5))
+            return Candidates.empty(_COLUMNS)
+        tok, par, val, dep, cell = (torch.cat([p[i] for p in parts]) for i in range(5))
+        cells = torch.full((tok.numel(), _COLUMNS), -1, dtype=torch.long)
+        cells[:, _TR] = cell
+        return Candidates(tok, par, val, dep, cells)
 
-    def _looked_up(self, tokens: list[int], depth_cap: int) -> tuple[torch.Tensor, ...]:
-        """Prompt-lookup trie with calibrated values: tokens, parents, values, depths, cells."""
+    def _looked_up(self, tokens: list[int], depth_cap: int) -> Candidates:
+        """Prompt-lookup trie with calibrated values."""
         cand = self.lookup.candidates(tokens, max_depth=depth_cap)
         if cand.num_nodes == 0:
-            empty = torch.empty(0, dtype=torch.long)
-            return empty, empty, empty.double(), empty, empty
+            return Candidates.empty(_COLUMNS)
         parent_share = torch.where(cand.parents >= 0, cand.share[cand.parents.clamp(min=0)], 1.0)
         agree = cand.share / parent_share  # share of matches that continue this way
-        cells = self.pld_calibration.cells(cand.depth, agree)
-        rate = self.pld_calibration.rates()[cells]
+        cell = self.pld_calibration.cells(cand.depth, agree)
+        rate = self.pld_calibration.rates()[cell]
         value = rate.clone()
         for depth in range(2, int(cand.depth.max()) + 1):  # one op per level: parents first
             at = cand.depth == depth
             value[at] = rate[at] * value[cand.parents[at]]
-        return cand.tokens, cand.parents, value, cand.depth, cells
+        cells = torch.full((cand.num_nodes, _COLUMNS), -1, dtype=torch.long)
+        cells[:, _PLD] = cell
+        return Candidates(cand.tokens, cand.parents, value, cand.depth, cells)
 
     # -- Drafter protocol -------------------------------------------------------------
 
     def begin(self, state: DecodeState) -> None:
         """Index the prompt for fusion; the matrix and calibration carry over (hot start)."""
-        if self.fusion:
+        if self.use_lookup:
             self.lookup.begin(state)
+        if self.use_suffix:
+            self.suffix.begin(state)
         self._last = None
 
     def propose(self, state: DecodeState) -> DraftTree:
         """The most valuable connected tree of the budget's size (see the module notes)."""
         width = min(self.max_budget, state.max_nodes)
         depth_cap = min(self.max_depth, max(width, 1))
-        tok, par, val, dep, tr_cell = self._recycled(state.tokens[-1], width, depth_cap)
-        if width > 0 and tok.numel() > width:  # the top `width` of the beam: a connected tree
-            keep = torch.topk(val, width).indices.sort().values  # sorted: parents first
-            remap = torch.full((tok.numel(),), -1, dtype=torch.long)
-            remap[keep] = torch.arange(keep.numel())
-            par = torch.where(par[keep] >= 0, remap[par[keep].clamp(min=0)], -1)
-            tok, val, dep, tr_cell = tok[keep], val[keep], dep[keep], tr_cell[keep]
-        pld_cell = torch.full_like(tok, -1)
-        if self.fusion and width > 0:
-            tok, par, val, dep, tr_cell, pld_cell = self._fuse(
-                (tok, par, val, dep, tr_cell, pld_cell), self._looked_up(state.tokens, depth_cap)
-            )
-        order = torch.argsort(val, descending=True, stable=True)  # parents before children
+        cands = self._recycled(state.tokens[-1], width, depth_cap)
+        if width > 0 and cands.num_nodes > width:  # the top `width` of the beam: a connected tree
+            cands = cands.take(torch.topk(cands.values, width).indices.sort().values)
+        if self.use_lookup and width > 0:
+            cands = fuse(cands, self._looked_up(state.tokens, depth_cap))
+        if self.use_suffix and width > 0:
+            found = self.suffix.candidates(state.tokens, width, depth_cap)
+            cands = revalue(fuse(cands, found.placed(_COLUMNS, _SUFFIX)), self._sources,
+                            self._shared)  # fmt: skip
+        order = torch.argsort(cands.values, descending=True, stable=True)  # parents first
         if self.budget == "auto":
             assert self.latency is not None
-            n = choose_budget(val[order][:width], self.latency, context=len(state.tokens))
+            n = choose_budget(cands.values[order][:width], self.latency, context=len(state.tokens))
         else:
             n = int(self.budget)
-        chosen = order[: min(n, width)]
-        chosen = chosen[torch.argsort(dep[chosen], stable=True)]  # by depth, then value
-        remap = torch.full((tok.numel(),), -1, dtype=torch.long)
-        remap[chosen] = torch.arange(chosen.numel())
-        parents = par[chosen]
-        parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], -1)
-        tree = DraftTree.from_parents(tok[chosen], parents)
-        self.last_values = val[chosen]
-        self._last = (tree, tr_cell[chosen], pld_cell[chosen])
+        tree, kept = subtree(cands, order[: min(n, width)])
+        self.last_values = kept.values
+        self._last = (tree, kept.cells)
         return tree
-
-    @staticmethod
-    def _fuse(
-        recycled: tuple[torch.Tensor, ...], looked_up: tuple[torch.Tensor, ...]
-    ) -> tuple[torch.Tensor, ...]:
-        """Union of the two tries by token path; a shared node keeps the larger value."""
-        tok, par, val, dep, tr_cell, pld_cell = recycled
-        p_tok, p_par, p_val, p_dep, p_cell = looked_up
-        if p_tok.numel() == 0:
-            return recycled
-        u_tok, u_par, u_val = tok.tolist(), par.tolist(), val.tolist()
-        u_dep, u_tr, u_pld = dep.tolist(), tr_cell.tolist(), pld_cell.tolist()
-        child = {(p, t): i for i, (p, t) in enumerate(zip(u_par, u_tok, strict=True))}
-        where: list[int] = []
-        for t, p, v, d, c in zip(p_tok.tolist(), p_par.tolist(), p_val.tolist(),
-                                 p_dep.tolist(), p_cell.tolist(), strict=True):  # fmt: skip
-            parent = where[p] if p >= 0 else -1
-            i = child.get((parent, t))
-            if i is None:
-                i = len(u_tok)
-                child[(parent, t)] = i
-                u_tok.append(t)
-                u_par.append(parent)
-                u_val.append(v)
-                u_dep.append(d)
-                u_tr.append(-1)
-                u_pld.append(c)
-            else:
-                u_val[i] = max(u_val[i], v)
-                u_pld[i] = c
-            where.append(i)
-        long = torch.long
-        return (torch.tensor(u_tok, dtype=long), torch.tensor(u_par, dtype=long),
-                torch.tensor(u_val, dtype=torch.float64), torch.tensor(u_dep, dtype=long),
-                torch.tensor(u_tr, dtype=long), torch.tensor(u_pld, dtype=long))  # fmt: skip
 
     def observe(self, outcome: StepOutcome) -> None:
         """Recycle the target's top-K at every scored row and calibrate on what was accepted."""
@@ -429,17 +356,19 @@ class DynamicTokenRecycling:
         ids[rows, :k] = _encode(top[keep].cpu(), ids.dtype)
         codes[rows, :k] = score_to_code(score[keep].cpu())
         if self._last is not None and self._last[0] is tree:
-            on_path = torch.zeros(tree.num_nodes + 1, dtype=torch.bool)
-            on_path[0] = True
-            on_path[torch.tensor(outcome.verdict.accepted, dtype=torch.long) + 1] = True
-            tried = on_path[tree.parents + 1]
-            hit = on_path[1:]
-            self.tr_calibration.update(self._last[1], tried, hit)
-            if self.fusion:
-                self.pld_calibration.update(self._last[2], tried, hit)
+            tried, hit = tried_and_hit(tree, outcome.verdict)
+            cells = self._last[1]
+            if self.use_suffix:
+                update_by_agreement(cells, tried, hit, self._sources, self._shared)
+            else:
+                self.tr_calibration.update(cells[:, _TR], tried, hit)
+                if self.use_lookup:
+                    self.pld_calibration.update(cells[:, _PLD], tried, hit)
         self._last = None
-        if self.fusion:
+        if self.use_lookup:
             self.lookup.observe(outcome)
+        if self.use_suffix:
+            self.suffix.sync(outcome.state.tokens)
 
     def reset_vocabulary(self, vocab_size: int) -> None:
         """Reallocate the matrix for a target with another vocabulary (forgets it)."""

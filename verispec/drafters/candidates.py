@@ -1,0 +1,292 @@
+"""Valued candidate tries: what the value-ordered model-free drafters share.
+
+:class:`~verispec.drafters.dynamic_token_recycling.DynamicTokenRecycling` and
+:class:`~verispec.drafters.suffix.SuffixDrafter` both gather deterministic candidate
+continuations from several *sources* (recycled top-k rows, n-gram matches, suffix
+matches), give each node a value (an estimate of the probability that its whole path is
+accepted, never larger than its parent's) and send the most valuable connected tree.
+This module holds the pieces they share:
+
+* :class:`Calibration` — online acceptance rates by (row, score bucket);
+* :class:`Candidates` — a trie of valued nodes, with one calibration cell per source;
+* :func:`fuse` — the union of two tries by token path;
+* :func:`subtree` — chosen nodes as a :class:`~verispec.core.tree.DraftTree`;
+* :func:`tried_and_hit` — which nodes of a verified tree were tried and accepted.
+
+Shape glossary: M candidate nodes, C sources, N tree nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from verispec.core.tree import DraftTree
+from verispec.core.types import Verdict
+from verispec.errors import ConfigError
+
+__all__ = [
+    "Calibration",
+    "Candidates",
+    "fuse",
+    "revalue",
+    "subtree",
+    "tried_and_hit",
+    "update_by_agreement",
+]
+
+_MAX_RATE = 1.0 - 1e-6  # keeps a child strictly below its parent
+
+
+def check_learning(decay: object, prior_strength: object) -> None:
+    """Raise ConfigError unless ``decay`` is in (0, 1] and ``prior_strength`` a finite > 0."""
+    for name, real, high, allowed in (
+        ("decay", decay, 1.0, "in (0, 1]"),
+        ("prior_strength", prior_strength, math.inf, "a finite number > 0"),
+    ):
+        number = isinstance(real, int | float) and not isinstance(real, bool)
+        if not number or not 0 < real <= high or real == math.inf:  # type: ignore[operator]
+            raise ConfigError(f"`{name}` must be {allowed}; got {real!r}.")
+
+
+class Calibration:
+    """Online acceptance rates by depth and score bucket, shrunk toward the bucket's rate.
+
+    A *try* is a node whose parent was accepted (or a child of the root) and a *hit* an
+    accepted one. Two levels of pseudo-counts::
+
+        bucket[b]  = (hits[b] + strength * prior[b]) / (tries[b] + strength)
+        rate[d, b] = (hits[d, b] + depth_strength * bucket[b]) / (tries[d, b] + depth_strength)
+
+    so sparse (depth, bucket) cells borrow from all depths of their bucket. On logged
+    SmolLM2 steps (2,851 tried nodes) the score bucket explains acceptance far better
+    than depth, and this shrinkage predicts as well as the bucket alone (log-loss 0.259
+    against 0.256) while still following a depth effect where there is one. Counts decay
+    by ``decay`` per observed step, so the table follows the text. The row need not be a
+    depth: the suffix drafter indexes rows by the length of the matched context.
+
+    Args:
+        edges: bucket edges of the score, increasing in (0, 1).
+        prior: float, Shape: (B,). Rate assumed before any observation, B = len(edges) + 1.
+        depths: depths (rows) tracked; deeper nodes share the last row.
+    """
+
+    def __init__(
+        self,
+        edges: tuple[float, ...],
+        prior: torch.Tensor,
+        depths: int,
+        strength: float,
+        decay: float,
+        depth_strength: float = 16.0,
+    ) -> None:
+        self.edges = torch.tensor(edges, dtype=torch.float32)
+        self.edge_list = list(edges)
+        self.prior = prior.to(torch.float64)
+        self.depths = depths
+        self.strength, self.decay, self.depth_strength = strength, decay, depth_strength
+        self.hits = torch.zeros(depths, len(edges) + 1, dtype=torch.float64)
+        self.tries = torch.zeros_like(self.hits)
+
+    def reset(self) -> None:
+        self.hits.zero_()
+        self.tries.zero_()
+
+    def fresh(self) -> Calibration:
+        """A calibration with the same settings and no observation."""
+        return Calibration(tuple(self.edge_list), self.prior, self.depths,
+                           self.strength, self.decay, self.depth_strength)  # fmt: skip
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.edges) + 1
+
+    def cell(self, row: int, score: float) -> int:
+        """Flat cell of one (0-based row, score), as :meth:`cells` computes it."""
+        return min(row, self.depths - 1) * self.num_buckets + bisect_left(self.edge_list, score)
+
+    def cells(self, depth: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+        """int64 flat cell index of each (depth, score); depth is 1-based. Same shape."""
+        bucket = torch.bucketize(score.float(), self.edges)
+        row = (depth - 1).clamp(0, self.depths - 1)
+        return row * (len(self.edges) + 1) + bucket
+
+    def rates(self) -> torch.Tensor:
+        """float64, Shape: (depths * B,). Calibrated acceptance rate of every cell."""
+        bucket = (self.hits.sum(0) + self.strength * self.prior) / (
+            self.tries.sum(0) + self.strength
+        )  # (B,)
+        rate = (self.hits + self.depth_strength * bucket) / (self.tries + self.depth_strength)
+        return rate.clamp_(1e-9, _MAX_RATE).reshape(-1)
+
+    def update(self, cells: torch.Tensor, tried: torch.Tensor, hit: torch.Tensor) -> None:
+        """Count the tried nodes (bool masks, Shape: (N,)) of cells ``cells`` (-1 = none)."""
+        self.hits.mul_(self.decay)
+        self.tries.mul_(self.decay)
+        use = tried & (cells >= 0)
+        flat = cells[use]
+        self.tries.view(-1).index_add_(0, flat, torch.ones(flat.numel(), dtype=torch.float64))
+        self.hits.view(-1).index_add_(0, flat, hit[use].to(torch.float64))
+
+
+@attrs.frozen(eq=False)
+class Candidates:
+    """A trie of candidate nodes, parents before children, each with a value.
+
+    Attributes:
+        tokens: int64, Shape: (M,).
+        parents: int64, Shape: (M,). ``-1`` for children of the root.
+        values: float64, Shape: (M,). Estimated probability that the node's whole path is
+            accepted; below the parent's value.
+        depths: int64, Shape: (M,). 1 for children of the root.
+        cells: int64, Shape: (M, C). The node's calibration cell in each source's
+            :class:`Calibration`; ``-1`` where the source did not propose it.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    values: torch.Tensor
+    depths: torch.Tensor
+    cells: torch.Tensor
+
+    @classmethod
+    def empty(cls, columns: int) -> Candidates:
+        none = torch.empty(0, dtype=torch.long)
+        return cls(none, none, none.double(), none, torch.empty(0, columns, dtype=torch.long))
+
+    @classmethod
+    def from_lists(
+        cls,
+        tokens: list[int],
+        parents: list[int],
+        values: list[float],
+        depths: list[int],
+        cells: list[list[int]],
+        columns: int,
+    ) -> Candidates:
+        if not tokens:
+            return cls.empty(columns)
+        long = torch.long
+        return cls(torch.tensor(tokens, dtype=long), torch.tensor(parents, dtype=long),
+                   torch.tensor(values, dtype=torch.float64), torch.tensor(depths, dtype=long),
+                   torch.tensor(cells, dtype=long).reshape(len(tokens), columns))  # fmt: skip
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.numel())
+
+    @property
+    def num_columns(self) -> int:
+        return int(self.cells.shape[1])
+
+    def placed(self, columns: int, first: int) -> Candidates:
+        """The same trie with its cells in columns ``first..`` of ``columns`` columns."""
+        cells = torch.full((self.num_nodes, columns), -1, dtype=torch.long)
+        cells[:, first : first + self.num_columns] = self.cells
+        return attrs.evolve(self, cells=cells)
+
+    def take(self, index: torch.Tensor) -> Candidates:
+        """The nodes ``index`` (a connected set, parents first), parents renumbered."""
+        remap = torch.full((self.num_nodes,), -1, dtype=torch.long)
+        remap[index] = torch.arange(index.numel())
+        parents = self.parents[index]
+        parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], -1)
+        return Candidates(self.tokens[index], parents, self.values[index],
+                          self.depths[index], self.cells[index])  # fmt: skip
+
+
+def fuse(base: Candidates, extra: Candidates) -> Candidates:
+    """Union of two tries by token path; a shared node keeps the larger value and the
+    cells of both (each column is a source; a source fills ``-1`` where it has none)."""
+    if extra.num_nodes == 0:
+        return base
+    u_tok, u_par, u_val = base.tokens.tolist(), base.parents.tolist(), base.values.tolist()
+    u_dep, u_cells = base.depths.tolist(), base.cells.tolist()
+    child = {(p, t): i for i, (p, t) in enumerate(zip(u_par, u_tok, strict=True))}
+    where: list[int] = []
+    for t, p, v, d, c in zip(extra.tokens.tolist(), extra.parents.tolist(),
+                             extra.values.tolist(), extra.depths.tolist(),
+                             extra.cells.tolist(), strict=True):  # fmt: skip
+        parent = where[p] if p >= 0 else -1
+        i = child.get((parent, t))
+        if i is None:
+            i = len(u_tok)
+            child[(parent, t)] = i
+            u_tok.append(t)
+            u_par.append(parent)
+            u_val.append(v)
+            u_dep.append(d)
+            u_cells.append(c)
+        else:
+            u_val[i] = max(u_val[i], v)
+            u_cells[i] = [max(a, b) for a, b in zip(u_cells[i], c, strict=True)]
+        where.append(i)
+    return Candidates.from_lists(u_tok, u_par, u_val, u_dep, u_cells, base.num_columns)
+
+
+def revalue(
+    cands: Candidates, exclusive: Sequence[Calibration], shared: Sequence[Calibration]
+) -> Candidates:
+    """Values re-estimated after fusion, by agreement between sources.
+
+    A node proposed by one source takes its rate from that source's ``exclusive``
+    calibration; a node proposed by several takes the largest of their ``shared``
+    calibrations' rates (a path that two sources agree on is accepted more often than
+    either source's nodes on average, and one only one source proposes, less). Values are
+    the products of the rates down each path. Column ``j`` of the cells is read with the
+    ``j``-th calibration of each list.
+    """
+    if cands.num_nodes == 0:
+        return cands
+    owned = cands.cells >= 0  # (M, C)
+    is_shared = owned.sum(1) > 1
+
+    def rates(calibrations: Sequence[Calibration]) -> torch.Tensor:
+        cols = [cal.rates()[cands.cells[:, j].clamp(min=0)] for j, cal in enumerate(calibrations)]
+        return torch.where(owned, torch.stack(cols, 1), 0.0).amax(1)  # (M,)
+
+    rate = torch.where(is_shared, rates(shared), rates(exclusive))
+    values = rate.clone()
+    for depth in range(2, int(cands.depths.max()) + 1):  # one op per level: parents first
+        at = cands.depths == depth
+        values[at] = rate[at] * values[cands.parents[at]]
+    return attrs.evolve(cands, values=values)
+
+
+def update_by_agreement(
+    cells: torch.Tensor,
+    tried: torch.Tensor,
+    hit: torch.Tensor,
+    exclusive: Sequence[Calibration],
+    shared: Sequence[Calibration],
+) -> None:
+    """Count a verified tree's nodes (cells: Shape: (N, C)) in the calibrations
+    :func:`revalue` read them from: exclusive nodes in their source's ``exclusive`` one,
+    shared nodes in each of their sources' ``shared`` one."""
+    is_shared = (cells >= 0).sum(1, keepdim=True) > 1  # (N, 1)
+    for j, (alone, together) in enumerate(zip(exclusive, shared, strict=True)):
+        alone.update(torch.where(is_shared[:, 0], -1, cells[:, j]), tried, hit)
+        together.update(torch.where(is_shared[:, 0], cells[:, j], -1), tried, hit)
+
+
+def subtree(cands: Candidates, chosen: torch.Tensor) -> tuple[DraftTree, Candidates]:
+    """The nodes ``chosen`` (a connected set in value order) as a tree, by depth then value.
+
+    Returns:
+        The deterministic tree and the chosen candidates in the tree's node order.
+    """
+    chosen = chosen[torch.argsort(cands.depths[chosen], stable=True)]
+    kept = cands.take(chosen)
+    return DraftTree.from_parents(kept.tokens, kept.parents), kept
+
+
+def tried_and_hit(tree: DraftTree, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool, Shape: (N,) each: nodes whose parent was accepted (tried), and accepted nodes."""
+    on_path = torch.zeros(tree.num_nodes + 1, dtype=torch.bool)
+    on_path[0] = True
+    on_path[torch.tensor(verdict.accepted, dtype=torch.long) + 1] = True
+    return on_path[tree.parents + 1], on_path[1:]
