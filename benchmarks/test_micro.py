@@ -21,7 +21,7 @@ from verispec.bench.methods import METHODS
 from verispec.bench.registry import parse_method
 from verispec.bench.runner import make_context
 from verispec.core import IID, DecodeState, DraftTree, SamplingParams, WithoutReplacement
-from verispec.core.engine import SpeculativeDecoder
+from verispec.decoder import SpeculativeDecoder
 from verispec.verifiers import Coupled, Greedy, RecursiveRejection
 
 V = 49152

@@ -25,7 +25,7 @@ Quick start with verispec's own decoder::
     print(result.text, result.mean_accepted_tokens)
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verispec import errors
 from verispec.core import (
@@ -34,15 +34,13 @@ from verispec.core import (
     GenerationConfig,
     GenerationResult,
     SamplingParams,
-    SpeculativeDecoder,
     StepOutcome,
     StreamChunk,
     Verdict,
 )
-from verispec.core.engine import set_default_verifier_policy
-from verispec.verifiers import default_verifier
 
-set_default_verifier_policy(default_verifier)
+if TYPE_CHECKING:
+    from verispec.decoder import SpeculativeDecoder
 
 __version__ = "0.1.0"
 
@@ -69,6 +67,9 @@ __all__ = [
 ]
 
 _LAZY = {
+    # the decoder with its defaults imports drafters/ and verifiers/: importing
+    # verispec.core alone (which runs this file) must not.
+    "SpeculativeDecoder": ("verispec.decoder", "SpeculativeDecoder"),
     # models/ imports transformers, which takes seconds: load it on first use.
     "FastModel": ("verispec.models.runtime", "FastModel"),
     "HFModel": ("verispec.models.hf", "HFModel"),

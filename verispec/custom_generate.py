@@ -5,7 +5,7 @@ transformers 5 lets ``generate`` hand its decoding loop to a callable
 generation config, the logits processors and the stopping criteria as usual, then calls
 ``fn(model, input_ids, logits_processor=..., stopping_criteria=..., generation_config=...,
 **model_kwargs)`` and returns what ``fn`` returns. :func:`speculative` builds such a
-callable around verispec's :class:`~verispec.core.engine.SpeculativeDecoder`:
+callable around verispec's :class:`~verispec.decoder.SpeculativeDecoder`:
 
 * the model runs on verispec's fast runtime where it covers the architecture (Llama,
   Qwen2, Mistral), else through the Hugging Face adapter
@@ -42,8 +42,9 @@ from typing import Any
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
-from verispec.core.engine import GenerationResult, SpeculativeDecoder
+from verispec.core.engine import GenerationResult
 from verispec.core.types import Drafter, GenerationConfig, LanguageModel
+from verispec.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
 
 __all__ = ["SpeculativeGenerate", "SpeculativeGenerateOutput", "speculative", "target_for"]

@@ -1,14 +1,20 @@
-"""Tests of verispec/core/engine.py: the loop, its stop conditions and its errors."""
+"""Tests of verispec/core/engine.py: the loop, its stop conditions and its errors.
+
+The loop is driven through ``verispec.SpeculativeDecoder`` (verispec/decoder.py), the
+core decoder with the package's default drafter and verifier policy, which these tests
+also cover (the defaults by temperature, ``kernels=``).
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import pytest
 import torch
 
-import verispec  # noqa: F401  (installs the default verifier policy)
-from verispec.core import DecodeState, DraftTree, GenerationConfig, SpeculativeDecoder, StepOutcome
+from verispec import SpeculativeDecoder
+from verispec.core import DecodeState, DraftTree, GenerationConfig, StepOutcome
 from verispec.errors import ConfigError, ContextLengthError, IncompatibleModelsError
 from verispec.verifiers import Greedy, RecursiveRejection
 
@@ -200,18 +206,44 @@ class _OnCuda(CountingModel):
 
 def test_clocks_synchronise_a_cuda_target_and_never_a_cpu_one(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Every clock read of a generation on a CUDA target synchronises that device first (the
-    prefill's two, five per step, the total's one), so kernel time lands in the phase that
+    prefill's two, six per step, the total's one), so kernel time lands in the phase that
     launched it; a CPU target (no ``device``, or a CPU one) is never synchronised."""
     synced: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
     result = SpeculativeDecoder(_OnCuda(), OracleDrafter(7, 2)).generate([1, 2], max_new_tokens=9)
-    assert synced == [torch.device("cuda", 0)] * (2 + 5 * result.num_steps + 1)
+    assert synced == [torch.device("cuda", 0)] * (2 + 6 * result.num_steps + 1)
     synced.clear()
     cpu_model = CountingModel()
     cpu_model.device = torch.device("cpu")  # type: ignore[attr-defined]
     for model in (CountingModel(), cpu_model):
         SpeculativeDecoder(model, OracleDrafter(7, 2)).generate([1, 2], max_new_tokens=9)
     assert synced == []
+
+
+def test_commit_is_its_own_phase(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The time the target spends committing the accepted path is the step's ``commit_s``
+    (and ``time_split()["commit"]``), not drafting time: on a fake clock that ticks once a
+    read and that the model's commit moves on by 100, every step has ``commit_s == 101``
+    and ``draft_s == 2`` (propose and observe, one tick each)."""
+    now = [0.0]
+
+    def tick() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    class SlowCommit(CountingModel):
+        def commit(self, accepted: Sequence[int], extra_token: int) -> None:
+            now[0] += 100.0
+            super().commit(accepted, extra_token)
+
+    monkeypatch.setattr(time, "perf_counter", tick)
+    result = SpeculativeDecoder(SlowCommit(), OracleDrafter(7, 2), Greedy()).generate(
+        [1, 2], max_new_tokens=9
+    )
+    assert result.num_steps > 1
+    assert [s.commit_s for s in result.steps] == [101.0] * result.num_steps
+    assert [s.draft_s for s in result.steps] == [2.0] * result.num_steps
+    assert result.time_split()["commit"] == 101.0 * result.num_steps
 
 
 class _Policy:

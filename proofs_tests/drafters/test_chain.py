@@ -6,7 +6,8 @@ import pytest
 import torch
 from drafter_states import decode_state
 
-from verispec.core import DETERMINISTIC, IID, SpeculativeDecoder
+from verispec import SpeculativeDecoder
+from verispec.core import DETERMINISTIC, IID
 from verispec.drafters.chain import Chain
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.models.markov import MarkovModel

@@ -9,13 +9,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import verispec  # noqa: F401  (installs the default verifier policy)
+from verispec import SpeculativeDecoder
 from verispec.core import (
     DecodeState,
     DraftTree,
     GenerationConfig,
     SamplingParams,
-    SpeculativeDecoder,
     StepOutcome,
     Verdict,
 )

@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
 
-from verispec.core import SpeculativeDecoder
+from verispec import SpeculativeDecoder
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState
 from verispec.drafters.budget import LatencyTable, choose_budget

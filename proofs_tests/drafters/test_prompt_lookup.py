@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import verispec  # noqa: F401  (installs the default verifier policy)
-from verispec.core import DecodeState, GenerationConfig, SamplingParams, SpeculativeDecoder
+from verispec import SpeculativeDecoder
+from verispec.core import DecodeState, GenerationConfig, SamplingParams
 from verispec.drafters.prompt_lookup import NgramIndex, PromptLookup
 from verispec.errors import ConfigError
 from verispec.verifiers import Greedy

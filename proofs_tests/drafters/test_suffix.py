@@ -11,8 +11,8 @@ from drafter_states import decode_state
 from hypothesis import given
 from hypothesis import strategies as st
 
-import verispec  # noqa: F401  (installs the default verifier policy)
-from verispec.core import DraftTree, GenerationConfig, SpeculativeDecoder, StepOutcome, Verdict
+from verispec import SpeculativeDecoder
+from verispec.core import DraftTree, GenerationConfig, StepOutcome, Verdict
 from verispec.core.tree import Deterministic
 from verispec.drafters.suffix import SuffixDrafter, continuation_score
 from verispec.drafters.suffix_corpus import SuffixCorpus

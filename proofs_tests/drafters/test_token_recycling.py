@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import verispec  # noqa: F401  (installs the default verifier policy)
+from verispec import SpeculativeDecoder
 from verispec.core import (
     DecodeState,
     DraftTree,
     GenerationConfig,
     SamplingParams,
-    SpeculativeDecoder,
     StepOutcome,
     Verdict,
 )

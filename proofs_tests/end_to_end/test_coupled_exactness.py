@@ -26,7 +26,8 @@ import torch
 from markov_pair import markov_pair
 from scipy.stats import chisquare
 
-from verispec.core import SamplingParams, SpeculativeDecoder
+from verispec import SpeculativeDecoder
+from verispec.core import SamplingParams
 from verispec.core.tree import DraftTree
 from verispec.core.types import Drafter, Verdict, Verifier
 from verispec.drafters import TokenRecycling

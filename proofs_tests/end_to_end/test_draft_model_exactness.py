@@ -23,7 +23,8 @@ import torch
 from markov_pair import markov_pair
 from scipy.stats import chisquare
 
-from verispec.core import SamplingParams, SpeculativeDecoder
+from verispec import SpeculativeDecoder
+from verispec.core import SamplingParams
 from verispec.core.types import Drafter, LanguageModel
 from verispec.drafters.chain import Chain
 from verispec.drafters.dyspec import DySpec

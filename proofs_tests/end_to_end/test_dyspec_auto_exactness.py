@@ -19,7 +19,8 @@ import torch
 from markov_pair import markov_pair
 from scipy.stats import chisquare
 
-from verispec.core import SamplingParams, SpeculativeDecoder
+from verispec import SpeculativeDecoder
+from verispec.core import SamplingParams
 from verispec.drafters.budget import LatencyTable
 from verispec.drafters.dyspec import DySpec
 from verispec.verifiers import Greedy

@@ -19,7 +19,8 @@ import torch
 from markov_pair import markov_pair
 from scipy.stats import chisquare
 
-from verispec.core import SamplingParams, SpeculativeDecoder
+from verispec import SpeculativeDecoder
+from verispec.core import SamplingParams
 from verispec.core.types import Drafter
 from verispec.drafters.dynamic_token_recycling import DynamicTokenRecycling
 from verispec.drafters.suffix import SuffixDrafter

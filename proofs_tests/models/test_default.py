@@ -9,8 +9,8 @@ import pytest
 import torch
 from model_references import tree_reference
 
-import verispec  # noqa: F401  (installs the default verifier policy)
-from verispec.core import DraftTree, SpeculativeDecoder
+from verispec import SpeculativeDecoder
+from verispec.core import DraftTree
 from verispec.errors import DefaultModelUnavailableError
 from verispec.models import HFModel, default, load_default_model
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import verispec  # noqa: F401  (installs the default verifier policy)
-from verispec.core import DecodeState, DraftTree, SpeculativeDecoder, StepOutcome
+from verispec import SpeculativeDecoder
+from verispec.core import DecodeState, DraftTree, StepOutcome
 from verispec.models import HFModel, tiny_llama
 from verispec.verifiers import Greedy
 

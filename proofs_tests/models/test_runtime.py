@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_references import draft_trees, sequential_logits, tree_reference
 
-from verispec.core import DraftTree, SpeculativeDecoder
+from verispec import SpeculativeDecoder
+from verispec.core import DraftTree
 from verispec.errors import ConfigError, UnsupportedModelError
 from verispec.models import FastModel, HFModel, tiny_model
 from verispec.models.default import make_target

@@ -105,8 +105,7 @@ def test_check_compatible(target: HFModel) -> None:
 def test_self_draft_in_the_loop_is_greedy_exact(target: HFModel, method: str) -> None:
     """A one-layer self-draft driving Chain or DySpec, verified greedily, reproduces
     transformers' greedy generate, and the draft's cache stays in step with the target's."""
-    import verispec  # noqa: F401  (installs the default verifier policy)
-    from verispec.core import SpeculativeDecoder
+    from verispec import SpeculativeDecoder
     from verispec.drafters import Chain, DySpec
     from verispec.verifiers import Greedy
 

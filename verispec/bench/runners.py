@@ -2,7 +2,7 @@
 
 Two kinds:
 
-* :class:`EngineRunner` — verispec's :class:`~verispec.core.engine.SpeculativeDecoder`
+* :class:`EngineRunner` — verispec's :class:`~verispec.decoder.SpeculativeDecoder`
   with a drafter (or none: ``ar``). The drafter lives as long as the runner, so a
   drafter that learns across prompts (Token Recycling's adjacency matrix) keeps
   what it learnt, as in the paper; :meth:`reset` forgets it after the warm-up.
@@ -32,8 +32,8 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from verispec.core.engine import SpeculativeDecoder
 from verispec.core.types import Drafter, GenerationConfig, LanguageModel
+from verispec.decoder import SpeculativeDecoder
 from verispec.verifiers import default_verifier, recursive_verifier
 
 __all__ = [
@@ -98,8 +98,9 @@ class TurnResult:
             may overshoot ``max_new_tokens``).
         tree_nodes: draft nodes sent to the target, summed over steps; ``None`` where
             the method does not expose them (transformers' drafting peers).
-        draft_s, target_s, verify_s: seconds drafting, in target forwards (prefill
-            included), verifying; ``None`` where a method cannot separate them.
+        draft_s, target_s, verify_s: seconds drafting, in the target (forwards, the
+            prefill included, and KV commits), verifying; ``None`` where a method
+            cannot separate them.
         peak_memory: bytes, the call's peak (see module docstring).
         finish_reason: why generation stopped.
     """
@@ -248,7 +249,7 @@ class EngineRunner:
             committed=sum(step.committed for step in result.steps),
             tree_nodes=sum(step.tree_size for step in result.steps),
             draft_s=split["draft"],
-            target_s=split["target"] + result.prefill_s,
+            target_s=split["target"] + split["commit"] + result.prefill_s,
             verify_s=split["verify"],
             peak_memory=peak,
             finish_reason=result.finish_reason,

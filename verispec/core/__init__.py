@@ -1,6 +1,16 @@
-"""Data types and the decoding loop; imports nothing else of verispec."""
+"""Data types and the decoding loop; imports nothing else of verispec but its errors.
 
-from verispec.core.engine import GenerationResult, SpeculativeDecoder, StepStats, StreamChunk
+No module here holds mutable state: the decoder is handed its drafter and verifier
+(:class:`verispec.SpeculativeDecoder` supplies the defaults).
+"""
+
+from verispec.core.engine import (
+    GenerationResult,
+    SpeculativeDecoder,
+    StepStats,
+    StreamChunk,
+    VerifierPolicy,
+)
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DETERMINISTIC, IID, Deterministic, DraftTree, WithoutReplacement
 from verispec.core.types import (
@@ -30,5 +40,6 @@ __all__ = [
     "StreamChunk",
     "Verdict",
     "Verifier",
+    "VerifierPolicy",
     "WithoutReplacement",
 ]

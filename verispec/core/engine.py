@@ -8,23 +8,26 @@
 4. commit    — the target keeps only that path's KV entries;
 5. observe   — the drafter learns from the outcome;
 
-until an end-of-sequence token, a stop string or ``max_new_tokens``. With no
-drafter (or a drafter that always sends an empty tree) this is plain
-autoregressive decoding through the same code.
+until an end-of-sequence token, a stop string or ``max_new_tokens``. With a
+drafter that always sends the empty tree (:class:`verispec.drafters.Autoregressive`)
+this is plain autoregressive decoding through the same code.
 
-The core knows no concrete verifier: it is handed one, or a policy that picks
-one from the sampling parameters. The package's public face installs the
-default policy (``Greedy`` at temperature 0, ``Coupled`` otherwise: seeded
-identity for trees of fixed candidates, recursive rejection for the rest). A
-verifier that declares ``keyed_by_position`` also gets the absolute position of
-the root's next token (:class:`~verispec.core.types.PositionKeyedVerifier`).
+The core knows no concrete drafter or verifier and holds no module-level state:
+it is handed a drafter and a verifier (or a policy that picks one from the
+sampling parameters). The package's public face,
+:class:`verispec.SpeculativeDecoder` (:mod:`verispec.decoder`), supplies the
+defaults: the autoregressive drafter and the default policy (``Greedy`` at
+temperature 0, ``Coupled`` otherwise: seeded identity for trees of fixed
+candidates, recursive rejection for the rest). A verifier that declares
+``keyed_by_position`` also gets the absolute position of the root's next token
+(:class:`~verispec.core.types.PositionKeyedVerifier`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import attrs
 import torch
@@ -36,7 +39,6 @@ from verispec.core._checks import (
     token_id_list,
 )
 from verispec.core.sampling import SamplingParams
-from verispec.core.tree import DraftTree
 from verispec.core.types import (
     DecodeState,
     Drafter,
@@ -50,27 +52,21 @@ from verispec.core.types import (
 from verispec.errors import ConfigError, ContextLengthError, IncompatibleModelsError
 
 __all__ = [
-    "Autoregressive",
     "GenerationResult",
     "SpeculativeDecoder",
     "StepStats",
     "StreamChunk",
-    "set_default_verifier_policy",
+    "VerifierPolicy",
 ]
 
 VerifierPolicy = Callable[[SamplingParams], Verifier]
-_default_policy: VerifierPolicy | None = None
-
-
-def set_default_verifier_policy(policy: VerifierPolicy) -> None:
-    """Install the policy used by decoders built without a verifier (done by ``verispec``)."""
-    global _default_policy
-    _default_policy = policy
 
 
 @attrs.frozen
 class StepStats:
-    """Per-step figures. Times are wall-clock seconds.
+    """Per-step figures. Times are wall-clock seconds, one per phase of the step:
+    drafting (propose and observe), the target's tree forward, verification and the
+    commit of the accepted path's KV entries.
 
     On a CUDA target the clock is read after synchronising the target's device, so
     kernel time is charged to the phase that launched it (not to the next phase's
@@ -79,9 +75,10 @@ class StepStats:
 
     tree_size: int
     accepted: int  # draft tokens accepted (the extra token not counted)
-    draft_s: float
-    target_s: float
+    draft_s: float  # propose and observe
+    target_s: float  # the tree forward
     verify_s: float
+    commit_s: float  # the target keeping the accepted path's KV entries
 
     @property
     def committed(self) -> int:
@@ -136,11 +133,12 @@ class GenerationResult:
         return len(self.tokens) / self.total_s if self.total_s > 0 else 0.0
 
     def time_split(self) -> dict[str, float]:
-        """Total seconds in drafting, target forwards and verification."""
+        """Total seconds in drafting, target forwards, verification and KV commits."""
         return {
             "draft": sum(s.draft_s for s in self.steps),
             "target": sum(s.target_s for s in self.steps),
             "verify": sum(s.verify_s for s in self.steps),
+            "commit": sum(s.commit_s for s in self.steps),
         }
 
 
@@ -171,32 +169,6 @@ class _StepEvent:
     result: GenerationResult | None
 
 
-class Autoregressive:
-    """Drafts nothing: every step commits exactly the target's own next token.
-
-    The decoder's drafter when none is given; public as
-    :class:`verispec.drafters.Autoregressive` (the ``ar`` baseline).
-    """
-
-    needs_draft_model: ClassVar[bool] = False
-
-    def begin(self, state: DecodeState) -> None:
-        """Nothing to prepare."""
-
-    def propose(self, state: DecodeState) -> DraftTree:
-        """The empty tree (only the root)."""
-        return _EMPTY_TREE
-
-    def observe(self, outcome: StepOutcome) -> None:
-        """Nothing to learn."""
-
-    def reset(self) -> None:
-        """Nothing to forget."""
-
-
-_EMPTY_TREE = DraftTree.empty()
-
-
 def _clock_for(device: Any) -> Callable[[], float]:
     """``time.perf_counter``, after synchronising ``device`` when it is a CUDA device.
 
@@ -218,29 +190,35 @@ class SpeculativeDecoder:
     """Lossless speculative decoding of one sequence at a time.
 
     Args:
+    This is the core's decoder: it is handed both its drafter and its verifier.
+    :class:`verispec.SpeculativeDecoder` is the same loop with the package's defaults
+    (the autoregressive drafter, the default verifier policy).
+
+    Args:
         target: the model whose distribution the output follows.
-        drafter: proposes the draft trees; ``None`` decodes autoregressively.
+        drafter: proposes the draft trees.
         verifier: a :class:`Verifier`, or a callable mapping :class:`SamplingParams`
-            to one; ``None`` uses the package default (greedy at temperature 0, the
-            coupled rule with recursive rejection for draft-model trees otherwise).
+            to one (a policy, e.g. :func:`verispec.verifiers.default_verifier`).
         tokenizer: a Hugging Face tokenizer, to accept string prompts, decode text,
             apply stop strings and find the end-of-sequence token.
-        kernels: ``"auto"``, ``"triton"`` or ``"torch"``, given to the default policy's
-            verifier (``verispec.kernels.backend``); a ``verifier`` passed in keeps its own.
     """
 
     def __init__(
         self,
         target: LanguageModel,
-        drafter: Drafter | None = None,
-        verifier: Verifier | VerifierPolicy | None = None,
+        drafter: Drafter,
+        verifier: Verifier | VerifierPolicy,
         tokenizer: Any = None,
-        *,
-        kernels: str = "auto",
     ) -> None:
         check_decoder_arguments(target, drafter, verifier, tokenizer)
+        for name, value in (("drafter", drafter), ("verifier", verifier)):
+            if value is None:
+                raise ConfigError(
+                    f"`{name}` must be given to verispec.core.SpeculativeDecoder; got None. "
+                    "verispec.SpeculativeDecoder supplies the package's defaults."
+                )
         self.target = target
-        self.drafter: Drafter = drafter if drafter is not None else Autoregressive()
+        self.drafter: Drafter = drafter
         # a draft-model drafter exposes its model as `.draft`: it must share the vocabulary
         draft_vocab = getattr(getattr(self.drafter, "draft", None), "vocab_size", None)
         if draft_vocab is not None and draft_vocab != target.vocab_size:
@@ -249,21 +227,6 @@ class SpeculativeDecoder:
                 f"draft logits for {target.vocab_size} target logits. Use a draft from the "
                 "same model family and tokenizer."
             )
-        if verifier is None:
-            if _default_policy is None:
-                raise ConfigError(
-                    "`verifier` must be given when verispec's default policy is not installed; "
-                    "import verispec (not only verispec.core) or pass one."
-                )
-            policy = _default_policy
-            if kernels != "auto":
-
-                def verifier(sampling: SamplingParams) -> Verifier:
-                    return policy(sampling, kernels=kernels)  # type: ignore[call-arg]
-
-                verifier(SamplingParams())  # checks `kernels` now, not at the first step
-            else:
-                verifier = policy
         self._verifier = verifier
         self._clock = _clock_for(getattr(target, "device", None))
         self.tokenizer = tokenizer
@@ -466,15 +429,17 @@ class SpeculativeDecoder:
             committed = verdict.committed_tokens(tree)
             state.tokens.extend(committed)
             state.step += 1
+            t4 = clock()
             # 5. let the drafter learn
             self.drafter.observe(StepOutcome(tree, target_logits, verdict, state))
-            t4 = clock()
+            t5 = clock()
             stats = StepStats(
                 tree_size=tree.num_nodes,
                 accepted=len(verdict.accepted),
-                draft_s=(t1 - t0) + (t4 - t3),
+                draft_s=(t1 - t0) + (t5 - t4),
                 target_s=t2 - t1,
                 verify_s=t3 - t2,
+                commit_s=t4 - t3,
             )
             steps.append(stats)
 
@@ -484,7 +449,7 @@ class SpeculativeDecoder:
                 finish = stop
                 last = (new_tokens[before:], stats)
                 break
-            held = time.perf_counter()  # the device was synchronised at t4: host time only
+            held = time.perf_counter()  # the device was synchronised at t5: host time only
             yield _StepEvent(tuple(new_tokens[before:]), stats, None)
             paused += time.perf_counter() - held
 

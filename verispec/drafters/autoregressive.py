@@ -2,10 +2,36 @@
 
 With this drafter the speculative engine decodes one token per target forward,
 exactly like plain greedy or sampled decoding, through the same code path as every
-other method; benchmarks use it as the ``ar`` baseline. It lives in the core (the
-decoder uses it when no drafter is given) and is re-exported here.
+other method; benchmarks use it as the ``ar`` baseline, and
+:class:`verispec.SpeculativeDecoder` uses it when no drafter is given.
 """
 
-from verispec.core.engine import Autoregressive
+from __future__ import annotations
+
+from typing import ClassVar
+
+from verispec.core.tree import DraftTree
+from verispec.core.types import DecodeState, StepOutcome
 
 __all__ = ["Autoregressive"]
+
+_EMPTY_TREE = DraftTree.empty()
+
+
+class Autoregressive:
+    """Drafts nothing: every step commits exactly the target's own next token."""
+
+    needs_draft_model: ClassVar[bool] = False
+
+    def begin(self, state: DecodeState) -> None:
+        """Nothing to prepare."""
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        """The empty tree (only the root)."""
+        return _EMPTY_TREE
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Nothing to learn."""
+
+    def reset(self) -> None:
+        """Nothing to forget."""

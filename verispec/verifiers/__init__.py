@@ -10,8 +10,9 @@
   probabilities, for analysis and for the audits in ``proofs_tests/verifiers``.
 
 Two policies map sampling parameters to a verifier: :func:`default_verifier` (what
-``import verispec`` installs) and :func:`recursive_verifier` (recursive rejection for
-every tree at temperature > 0: exact, but without seeded identity across drafters).
+``verispec.SpeculativeDecoder`` uses when given no verifier) and
+:func:`recursive_verifier` (recursive rejection for every tree at temperature > 0:
+exact, but without seeded identity across drafters).
 """
 
 from verispec.core.sampling import SamplingParams
