@@ -1,7 +1,7 @@
 """An independent, exact enumeration of acceptance rules, in plain Python float64.
 
 Nothing here imports verispec: the rules are written again from their textbook
-statements (DESIGN.md, "Proposal law"), so that the audits compare the library
+statements (docs/exactness.rst, the proposal laws), so that the audits compare the library
 against a second implementation instead of against itself.
 
 A *draw law* says how a row's children are proposed (fixed candidates, i.i.d. from

@@ -14,9 +14,9 @@ cached on disk (:func:`latency_for`). The rule (:func:`choose_budget`) only need
 values, so any drafter that estimates them can use it (dynamic Token Recycling,
 DySpec's slot values...).
 
-Not in the Token Recycling or DySpec papers: both fix the tree size; the rule here is
-the one DESIGN.md asks for ("size trees to maximise expected accepted tokens per
-second").
+Not in the Token Recycling or DySpec papers: both fix the tree size; the rule here
+sizes trees to maximise expected accepted tokens per second
+(docs/methods/dynamic_token_recycling.rst, docs/methods/dyspec.rst).
 """
 
 from __future__ import annotations

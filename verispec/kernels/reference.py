@@ -9,7 +9,7 @@ reference agree draw for draw, not merely up to rounding.
   an optional mask plus the tree with its ancestor mask (SpecInfer §4.2), GQA.
 * :func:`greedy_verify` — per-row argmax and the longest path that agrees with it.
 * :func:`rejection_verify` — recursive rejection sampling over one tree for the
-  Deterministic, IID and WithoutReplacement laws (docs/exactness, DESIGN.md).
+  Deterministic, IID and WithoutReplacement laws (docs/exactness.rst).
 * :func:`expand_template`, :func:`update_adjacency` — Token Recycling's
   breadth-first template expansion and top-k row update (Luo et al., ACL 2025).
 * :func:`compact_kv` — gather accepted KV positions into place, every layer.
