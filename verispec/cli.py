@@ -24,8 +24,10 @@ import argparse
 import math
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from verispec.core.validate import bounds, in_bounds
 
 __all__ = ["DEFAULT_LIMIT", "DEFAULT_METHODS", "build_parser", "main"]
 
@@ -38,34 +40,23 @@ _DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEFAULT_BENCH_THREADS = 1  # the benchmark's figures of record are single-threaded
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
-    return value
+def _int_arg(low: int, below: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= low`` (and ``< below``), phrased as
+    :func:`verispec.core.validate.bounds` phrases ranges."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer; got {text!r}") from None
+        if not in_bounds(value, low, None, below):
+            raise argparse.ArgumentTypeError(f"must be {bounds(low, below=below)}; got {value}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer; got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0; got {value}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer; got {text!r}") from None
-    if not 0 <= value < 1 << 64:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**64); got {value}")
-    return value
+_positive_int, _non_negative_int, _seed = _int_arg(1), _int_arg(0), _int_arg(0, 1 << 64)
 
 
 def _number(low: float, high: float, low_open: bool, high_open: bool, shown: str) -> Any:

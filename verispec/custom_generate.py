@@ -44,6 +44,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationM
 
 from verispec.core.engine import GenerationResult
 from verispec.core.types import Drafter, GenerationConfig, LanguageModel
+from verispec.core.validate import integer
 from verispec.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
 
@@ -385,9 +386,7 @@ def _generation_config(
 def _seed(seed: int | None) -> int:
     if seed is None:  # from torch's global generator: torch.manual_seed makes a call repeat
         return int(torch.randint(_SEED_RANGE, (1,)).item())
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ConfigError(f"`seed` must be an integer in [0, 2**63); got {seed!r}.")
-    return seed
+    return integer("seed", seed, 0, below=2**63)
 
 
 def _with_call_options(

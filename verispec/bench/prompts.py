@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from verispec.core.validate import integer
 from verispec.errors import ConfigError
 
 __all__ = [
@@ -158,10 +159,8 @@ def select_questions(
         ("limit", limit, "questions per category"),
         ("max_turns", max_turns, "turns per question"),
     ):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise ConfigError(f"`{name}` must be an integer >= 1 ({what}); got {value!r}.")
+        if value is not None:
+            integer(name, value, 1, note=f" ({what})")
     present = list(dict.fromkeys(q.category for q in questions))
     if categories is not None:
         unknown = [c for c in categories if c not in present]

@@ -36,6 +36,7 @@ from verispec.bench.prompts import Question, build_prompt_ids
 from verispec.bench.registry import MethodSpec
 from verispec.bench.runners import BenchContext, MethodRunner, TurnResult
 from verispec.core.types import GenerationConfig
+from verispec.core.validate import integer
 from verispec.errors import ConfigError
 
 __all__ = [
@@ -90,8 +91,7 @@ class BenchConfig:
     carry_corpus: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ConfigError(f"`warmup` must be an integer >= 0; got {self.warmup!r}.")
+        integer("warmup", self.warmup, 0)
         if not isinstance(self.chat, bool):
             raise ConfigError(f"`chat` must be True or False; got {self.chat!r}.")
         if self.verifier not in VERIFIERS:

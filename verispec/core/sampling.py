@@ -17,37 +17,10 @@ import math
 import attrs
 import torch
 
+from verispec.core.validate import attrs_check, integer, interval, number
 from verispec.errors import ConfigError, NonFiniteLogitsError
 
 __all__ = ["SamplingParams"]
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _non_negative_float(instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if not _is_number(value) or math.isnan(value) or value < 0 or math.isinf(value):
-        raise ConfigError(
-            f"`{attribute.name}` must be a finite number >= 0 (0 means greedy); got {value!r}."
-        )
-
-
-def _non_negative_int(instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(
-            f"`{attribute.name}` must be an integer >= 0 (0 disables it); got {value!r}."
-        )
-
-
-def _unit_interval(instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if not _is_number(value) or not (0 < value <= 1):
-        raise ConfigError(f"`{attribute.name}` must be in (0, 1] (1 disables it); got {value!r}.")
-
-
-def _min_p(instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if not _is_number(value) or not (0 <= value < 1):
-        raise ConfigError(f"`{attribute.name}` must be in [0, 1) (0 disables it); got {value!r}.")
 
 
 def _non_finite_error(logits: torch.Tensor) -> NonFiniteLogitsError:
@@ -102,10 +75,16 @@ class SamplingParams:
             ``0`` keeps all.
     """
 
-    temperature: float = attrs.field(default=0.0, validator=_non_negative_float)
-    top_k: int = attrs.field(default=0, validator=_non_negative_int)
-    top_p: float = attrs.field(default=1.0, validator=_unit_interval)
-    min_p: float = attrs.field(default=0.0, validator=_min_p)
+    temperature: float = attrs.field(
+        default=0.0, validator=attrs_check(number, note=" (0 means greedy)")
+    )
+    top_k: int = attrs.field(default=0, validator=attrs_check(integer, 0, note=" (0 disables it)"))
+    top_p: float = attrs.field(
+        default=1.0, validator=attrs_check(interval, 0, 1, closed="high", note=" (1 disables it)")
+    )
+    min_p: float = attrs.field(
+        default=0.0, validator=attrs_check(interval, 0, 1, closed="low", note=" (0 disables it)")
+    )
 
     @property
     def is_greedy(self) -> bool:

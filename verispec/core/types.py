@@ -20,6 +20,7 @@ import torch
 
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
+from verispec.core.validate import attrs_check, integer
 from verispec.errors import ConfigError
 
 __all__ = [
@@ -61,11 +62,6 @@ class Verdict:
     def committed_tokens(self, tree: DraftTree) -> list[int]:
         """Token ids committed by this verdict, in order."""
         return [int(tree.tokens[i]) for i in self.accepted] + [self.extra_token]
-
-
-def _positive_int(instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"`{attribute.name}` must be an integer >= 1; got {value!r}.")
 
 
 def _token_ids(value: object) -> tuple[object, ...]:
@@ -112,15 +108,6 @@ def _check_stop_strings(instance: object, attribute: attrs.Attribute, value: obj
 SEED_LIMIT = 1 << 64
 
 
-def _check_seed(instance: object, attribute: attrs.Attribute, value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or not 0 <= int(value) < SEED_LIMIT
-    ):
-        raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.")
-
-
 @attrs.frozen
 class GenerationConfig:
     """Settings of one generation, mirroring Hugging Face's ``GenerationConfig`` names.
@@ -138,7 +125,7 @@ class GenerationConfig:
             "Seeds and reproducibility").
     """
 
-    max_new_tokens: int = attrs.field(default=128, validator=_positive_int)
+    max_new_tokens: int = attrs.field(default=128, validator=attrs_check(integer, 1))
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -153,7 +140,9 @@ class GenerationConfig:
         converter=_strings,  # type: ignore[misc]
         validator=_check_stop_strings,
     )
-    seed: int = attrs.field(default=0, validator=_check_seed)
+    seed: int = attrs.field(
+        default=0, validator=attrs_check(integer, 0, below=SEED_LIMIT, integral=True)
+    )
 
     def __attrs_post_init__(self) -> None:
         self.sampling  # noqa: B018 - validates the sampling fields eagerly

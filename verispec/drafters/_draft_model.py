@@ -31,6 +31,7 @@ import torch
 
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw
 from verispec.core.types import DecodeState, LanguageModel, StepOutcome
+from verispec.core.validate import integer
 from verispec.drafters._draws import (
     processed_probs,
     race_keys,
@@ -43,18 +44,10 @@ __all__ = [
     "DraftModelDrafter",
     "LevelwiseDrafter",
     "draft_generator",
-    "positive_int",
     "processed_probs",
     "race_keys",
     "sample_one",
 ]
-
-
-def positive_int(name: str, value: object) -> int:
-    """``value`` as an int >= 1, or a :class:`ConfigError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"`{name}` must be an integer >= 1; got {value!r}.")
-    return value
 
 
 def branching_factors(name: str, value: object) -> tuple[int, ...]:
@@ -63,7 +56,7 @@ def branching_factors(name: str, value: object) -> tuple[int, ...]:
         value = (value,)
     if not isinstance(value, tuple | list) or not value:
         raise ConfigError(f"`{name}` must be a non-empty sequence of integers >= 1; got {value!r}.")
-    return tuple(positive_int(f"{name}[{i}]", b) for i, b in enumerate(value))
+    return tuple(integer(f"{name}[{i}]", b, 1) for i, b in enumerate(value))
 
 
 def draft_generator(state: DecodeState, device: torch.device) -> torch.Generator:
@@ -209,7 +202,7 @@ class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
         for b in self.branching:
             width *= b
             full += width
-        self.budget = full if budget is None else min(full, positive_int("budget", budget))
+        self.budget = full if budget is None else min(full, integer("budget", budget, 1))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(branching={self.branching}, budget={self.budget})"

@@ -18,7 +18,6 @@ Shape glossary: M candidate nodes, C sources, N tree nodes.
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
 from collections.abc import Sequence
 
@@ -27,7 +26,7 @@ import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import Verdict
-from verispec.errors import ConfigError
+from verispec.core.validate import interval, number
 
 __all__ = [
     "Calibration",
@@ -44,13 +43,8 @@ _MAX_RATE = 1.0 - 1e-6  # keeps a child strictly below its parent
 
 def check_learning(decay: object, prior_strength: object) -> None:
     """Raise ConfigError unless ``decay`` is in (0, 1] and ``prior_strength`` a finite > 0."""
-    for name, real, high, allowed in (
-        ("decay", decay, 1.0, "in (0, 1]"),
-        ("prior_strength", prior_strength, math.inf, "a finite number > 0"),
-    ):
-        number = isinstance(real, int | float) and not isinstance(real, bool)
-        if not number or not 0 < real <= high or real == math.inf:  # type: ignore[operator]
-            raise ConfigError(f"`{name}` must be {allowed}; got {real!r}.")
+    interval("decay", decay, 0, 1, closed="high")
+    number("prior_strength", prior_strength, strict=True)
 
 
 class Calibration:

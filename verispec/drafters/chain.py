@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from verispec.core.tree import DETERMINISTIC, IID, DraftTree, ProposalLaw
 from verispec.core.types import DecodeState, LanguageModel
-from verispec.drafters._draft_model import DraftModelDrafter, draft_generator, positive_int
+from verispec.core.validate import integer
+from verispec.drafters._draft_model import DraftModelDrafter, draft_generator
 from verispec.drafters._draws import argmax_one, processed_probs, sample_one
 
 __all__ = ["Chain"]
@@ -31,7 +32,7 @@ class Chain(DraftModelDrafter):
 
     def __init__(self, draft: LanguageModel, *, k: int = 4) -> None:
         super().__init__(draft)
-        self.k = positive_int("k", k)
+        self.k = integer("k", k, 1)
 
     def __repr__(self) -> str:
         return f"Chain(k={self.k})"

@@ -60,6 +60,7 @@ import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
+from verispec.core.validate import integer
 from verispec.drafters.budget import LatencyTable, choose_budget
 from verispec.drafters.candidates import (
     Calibration,
@@ -150,10 +151,8 @@ class DynamicTokenRecycling:
         decay: float = 0.999,
         vocab_size: int | None = None,
     ) -> None:
-        if budget != "auto" and (isinstance(budget, bool) or not isinstance(budget, int)):
-            raise ConfigError(f"`budget` must be an integer >= 0 or 'auto'; got {budget!r}.")
-        if isinstance(budget, int) and budget < 0:
-            raise ConfigError(f"`budget` must be an integer >= 0 or 'auto'; got {budget!r}.")
+        if budget != "auto":
+            integer("budget", budget, 0, note=" or 'auto'")
         if budget == "auto" and latency is None:
             raise ConfigError(
                 "`budget='auto'` needs the target's latency table; pass "
@@ -164,8 +163,7 @@ class DynamicTokenRecycling:
             ("max_budget", max_budget, 1),
             ("max_depth", max_depth, 1),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"`{name}` must be an integer >= {low}; got {value!r}.")
+            integer(name, value, low)
         check_learning(decay, prior_strength)
         for name, flag in (("fusion", fusion), ("suffix", suffix)):
             if not isinstance(flag, bool):

@@ -72,10 +72,10 @@ import torch
 
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw, WithoutReplacement
 from verispec.core.types import DecodeState, LanguageModel
+from verispec.core.validate import integer, interval
 from verispec.drafters._draft_model import (
     DraftModelDrafter,
     draft_generator,
-    positive_int,
     processed_probs,
     race_keys,
 )
@@ -159,26 +159,28 @@ class DySpec(DraftModelDrafter):
                     "`latency=verispec.drafters.budget.latency_for(target)`."
                 )
             self.latency = latency
-            budget = positive_int("max_budget", max_budget)
+            budget = integer("max_budget", max_budget, 1)
         elif isinstance(budget, str):
-            raise ConfigError(f"`budget` must be an integer >= 1 or 'auto'; got {budget!r}.")
+            integer("budget", budget, 1, note=" or 'auto'")
         if threshold is not None:
-            ok = isinstance(threshold, int | float) and not isinstance(threshold, bool)
-            if not ok or not 0 < threshold < 1:
-                raise ConfigError(
-                    f"`threshold` must be in (0, 1); got {threshold!r}. Slot values are "
-                    "probabilities: t >= 1 expands nothing and t <= 0 never stops."
-                )
+            interval(
+                "threshold",
+                threshold,
+                0,
+                1,
+                note=" (slot values are probabilities: t >= 1 expands nothing and t <= 0 "
+                "never stops)",
+            )
         self.threshold = None if threshold is None else float(threshold)
         if budget is None:
             budget = _THRESHOLD_DEFAULT_BUDGET
-        size = positive_int("budget", budget)
+        size = integer("budget", budget, 1)
         self.budget: int | str = "auto" if self.latency is not None else size
         self.max_budget = size  # the most nodes a step may hold
         self._seconds: list[float] = []  # T(0..M) for the last cap M and context, with "auto"
         self._seconds_for: tuple[int, int] = (-1, -1)  # (M, context) of _seconds
         self._context = 0  # committed tokens at this step (T grows with it)
-        self.max_depth = None if max_depth is None else positive_int("max_depth", max_depth)
+        self.max_depth = None if max_depth is None else integer("max_depth", max_depth, 1)
         self.node_values: list[float] = []
         self.next_slot_value = 0.0
         # how a row's draw order is made: Gumbel keys (replaceable in tests)

@@ -41,6 +41,7 @@ import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
+from verispec.core.validate import integer, interval
 from verispec.errors import ConfigError
 
 __all__ = ["LookupCandidates", "NgramIndex", "PromptLookup"]
@@ -112,12 +113,6 @@ class LookupCandidates:
         return int(self.tokens.numel())
 
 
-def _check_int(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"`{name}` must be an integer >= {low}; got {value!r}.")
-    return value
-
-
 class PromptLookup:
     """Prompt-lookup drafter that proposes a tree of the context's continuations.
 
@@ -146,17 +141,16 @@ class PromptLookup:
         tree: bool = True,
         acceptance: float = 0.5,
     ) -> None:
-        self.max_tokens = _check_int("max_tokens", max_tokens, 1)
-        self.min_ngram = _check_int("min_ngram", min_ngram, 1)
-        self.max_ngram = _check_int("max_ngram", max_ngram, 1)
+        self.max_tokens = integer("max_tokens", max_tokens, 1)
+        self.min_ngram = integer("min_ngram", min_ngram, 1)
+        self.max_ngram = integer("max_ngram", max_ngram, 1)
         if self.max_ngram < self.min_ngram:
             raise ConfigError(
                 f"`max_ngram` must be >= `min_ngram`; got max_ngram={max_ngram}, "
                 f"min_ngram={min_ngram}."
             )
-        self.max_matches = _check_int("max_matches", max_matches, 1)
-        if not isinstance(acceptance, int | float) or not 0 < acceptance < 1:
-            raise ConfigError(f"`acceptance` must be in (0, 1); got {acceptance!r}.")
+        self.max_matches = integer("max_matches", max_matches, 1)
+        interval("acceptance", acceptance, 0, 1)
         self.tree = bool(tree)
         self.acceptance = float(acceptance)
         self.index = NgramIndex(self.min_ngram, self.max_ngram)

@@ -38,7 +38,8 @@ import torch
 
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw, WithoutReplacement
 from verispec.core.types import DecodeState, LanguageModel
-from verispec.drafters._draft_model import DraftModelDrafter, draft_generator, positive_int
+from verispec.core.validate import integer
+from verispec.drafters._draft_model import DraftModelDrafter, draft_generator
 from verispec.drafters._draws import processed_probs, race_without_replacement, top_indices
 
 __all__ = ["RSDStochasticBeam", "log1mexp", "shifted_gumbels", "stochastic_beam_level"]
@@ -131,10 +132,10 @@ class RSDStochasticBeam(DraftModelDrafter):
         self, draft: LanguageModel, *, width: int = 4, depth: int = 4, budget: int | None = None
     ) -> None:
         super().__init__(draft)
-        self.width = positive_int("width", width)
-        self.depth = positive_int("depth", depth)
+        self.width = integer("width", width, 1)
+        self.depth = integer("depth", depth, 1)
         full = self.width * self.depth
-        self.budget = full if budget is None else min(full, positive_int("budget", budget))
+        self.budget = full if budget is None else min(full, integer("budget", budget, 1))
 
     def __repr__(self) -> str:
         return f"RSDStochasticBeam(width={self.width}, depth={self.depth}, budget={self.budget})"

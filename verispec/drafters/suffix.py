@@ -66,6 +66,7 @@ import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
+from verispec.core.validate import integer, number
 from verispec.drafters.candidates import (
     Calibration,
     Candidates,
@@ -95,13 +96,6 @@ def continuation_score(count: int, total: int) -> float:
 
 def _score_row(score: float) -> int:
     return bisect_right(_SCORE_ROWS, score) - 1
-
-
-def _check(name: str, value: object, low: float, kind: type = int) -> None:
-    ok = isinstance(value, int | float) if kind is float else isinstance(value, int)
-    if isinstance(value, bool) or not ok or value < low:  # type: ignore[operator]
-        what = "an integer" if kind is int else "a number"
-        raise ConfigError(f"`{name}` must be {what} >= {low}; got {value!r}.")
 
 
 class SuffixDrafter:
@@ -134,11 +128,11 @@ class SuffixDrafter:
         prior_strength: float = 8.0,
         decay: float = 0.999,
     ) -> None:
-        _check("budget", budget, 0)
-        _check("max_depth", max_depth, 1)
-        _check("min_match", min_match, 1)
+        integer("budget", budget, 0)
+        integer("max_depth", max_depth, 1)
+        integer("min_match", min_match, 1)
         if depth_factor is not None:
-            _check("depth_factor", depth_factor, 0.0, float)
+            number("depth_factor", depth_factor, finite=False)
             if depth_factor <= 0:
                 raise ConfigError(f"`depth_factor` must be > 0 or None; got {depth_factor}.")
         check_learning(decay, prior_strength)

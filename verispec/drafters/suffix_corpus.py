@@ -29,6 +29,7 @@ from array import array
 from collections.abc import Iterable
 from pathlib import Path
 
+from verispec.core.validate import integer
 from verispec.drafters.suffix_automaton import COUNT_WALK, SuffixAutomaton
 from verispec.errors import ConfigError, CorpusFileError
 
@@ -64,8 +65,7 @@ class SuffixCorpus:
     def __init__(
         self, max_tokens: int = DEFAULT_CORPUS_TOKENS, *, count_walk: int | None = COUNT_WALK
     ) -> None:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ConfigError(f"`max_tokens` must be an integer >= 1; got {max_tokens!r}.")
+        integer("max_tokens", max_tokens, 1)
         self.max_tokens = max_tokens
         self.count_walk = count_walk
         self.documents: list[array] = []

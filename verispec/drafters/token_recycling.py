@@ -52,6 +52,7 @@ import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
+from verispec.core.validate import integer
 from verispec.drafters.templates import TemplateSpec, TreeTemplate, resolve_template
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.kernels import ops
@@ -204,8 +205,7 @@ class TokenRecycling:
         vocab_size: int | None = None,
         kernels: str = "auto",
     ) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1024:
-            raise ConfigError(f"`k` must be an integer in [1, 1024]; got {k!r}.")
+        integer("k", k, 1, high=1024)
         self.k = k
         self.kernels = require_triton(kernels)
         self.template = resolve_template(template, k)

@@ -13,7 +13,8 @@ import functools
 
 import torch
 
-from verispec.errors import ConfigError, TreeStructureError
+from verispec.core.validate import integer
+from verispec.errors import TreeStructureError
 from verispec.kernels import reference
 from verispec.kernels.backend import backend_for, interpreting, kernel_module, launch_device
 from verispec.kernels.block_order import block_states
@@ -156,10 +157,8 @@ def tree_attention(
         or kp.shape[-1] != d
     ):
         raise _fail("keys and values must have matching shapes (B, H_kv, L, D).")
-    if num_splits is not None and (
-        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
-    ):
-        raise ConfigError(f"`num_splits` must be an integer >= 1 or None; got {num_splits!r}.")
+    if num_splits is not None:
+        integer("num_splits", num_splits, 1, note=" or None")
     tmask = None if tree_mask is None else _mask_3d(tree_mask.to(q.device), "tree_mask", n, n)
     pmask = None if prefix_mask is None else _mask_3d(prefix_mask.to(q.device), "prefix_mask", n, s)
     if backend_for("tree attention", q.device, kernels) == "torch":

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 import torch
 
 from verispec.core.tree import DraftTree
-from verispec.errors import ConfigError, TreeStructureError
+from verispec.core.validate import integer
+from verispec.errors import TreeStructureError
 
 __all__ = [
     "block_friendly_order",
@@ -44,11 +45,6 @@ def dfs_order(tree: DraftTree) -> torch.Tensor:
     return torch.tensor(tree.dfs_order, dtype=torch.long)
 
 
-def _check_block(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"`{name}` must be an integer >= 1; got {value!r}.")
-
-
 def block_states(mask: torch.Tensor, block_m: int, block_n: int) -> torch.Tensor:
     """Classify the tiles of ``mask``: 0 empty, 1 full, 2 partial.
 
@@ -61,8 +57,8 @@ def block_states(mask: torch.Tensor, block_m: int, block_n: int) -> torch.Tensor
         edges are ignored (they make a tile neither non-empty nor partial). Computed on
         ``mask``'s device without a host sync.
     """
-    _check_block("block_m", block_m)
-    _check_block("block_n", block_n)
+    integer("block_m", block_m, 1)
+    integer("block_n", block_n, 1)
     *lead, rows, cols = mask.shape
     mb, nb = -(-rows // block_m), -(-cols // block_n)
     padded = torch.zeros((*lead, mb * block_m, nb * block_n), dtype=torch.int32, device=mask.device)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from verispec.core.validate import integer
 from verispec.errors import ConfigError
 from verispec.models._cache import TreeKVCache
 from verispec.models._sequence import TreeSequenceModel, layer_indices
@@ -113,8 +114,7 @@ class HFModel(TreeSequenceModel):
         if window and getattr(self.config, "use_sliding_window", True):
             context = min(context, int(window))
         if max_length is not None:
-            if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-                raise ConfigError(f"`max_length` must be an integer >= 2; got {max_length!r}.")
+            integer("max_length", max_length, 2)
             context = min(context, max_length)
         self.max_length = context
         generation_config = getattr(hf_model, "generation_config", None)

@@ -21,6 +21,7 @@ import torch
 
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
+from verispec.core.validate import integer
 from verispec.errors import ConfigError, ContextLengthError, TreeStructureError
 
 __all__ = ["MarkovModel"]
@@ -55,8 +56,7 @@ class MarkovModel:
             raise ConfigError("`logits` must not contain NaN or +inf.")
         if bool((logits == -torch.inf).all(-1).any()):
             raise ConfigError("every row of `logits` needs at least one finite entry.")
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-            raise ConfigError(f"`max_length` must be an integer >= 2; got {max_length!r}.")
+        integer("max_length", max_length, 2)
         self.logits = logits
         self.order = logits.dim() - 1
         self.vocab_size = int(logits.shape[0])

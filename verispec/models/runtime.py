@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from verispec.core.validate import integer
 from verispec.errors import ConfigError
 from verispec.models._sequence import TreeSequenceModel, layer_indices
 from verispec.models.llama import KVCache, Transformer, from_hf
@@ -324,8 +325,7 @@ class FastModel(TreeSequenceModel):
         if window and getattr(config, "use_sliding_window", True):
             context = min(context, int(window))  # no sliding window is applied
         if max_length is not None:
-            if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-                raise ConfigError(f"`max_length` must be an integer >= 2; got {max_length!r}.")
+            integer("max_length", max_length, 2)
             context = min(context, max_length)
         device = next(hf_model.parameters()).device
         if dtype == "auto":

@@ -50,20 +50,14 @@ import torch
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import Deterministic, DraftTree
 from verispec.core.types import Verdict, Verifier
+from verispec.core.validate import integer
 from verispec.errors import ConfigError
 from verispec.verifiers._rules import check_target_logits, follow_target
 from verispec.verifiers.recursive import RecursiveRejection
 
 __all__ = ["BLOCK", "Coupled", "position_noise", "seeded_sample"]
 
-_SEED_LIMIT = 1 << 64
-_POSITION_LIMIT = 1 << 64
-
-
-def _check_key(name: str, value: object, limit: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value < limit:
-        raise ConfigError(f"`{name}` must be an integer in [0, 2**64); got {value!r}.")
-    return int(value)
+_KEY_LIMIT = 1 << 64  # seeds, positions and streams are 64-bit Philox words
 
 
 BLOCK = 256  # tokens per block of the two-level race
@@ -89,11 +83,10 @@ def position_noise(seed: int, position: int, stream: int, count: int) -> torch.T
     Returns:
         float64, Shape: (count,), on the CPU.
     """
-    seed = _check_key("seed", seed, _SEED_LIMIT)
-    position = _check_key("position", position, _POSITION_LIMIT)
-    stream = _check_key("stream", stream, _POSITION_LIMIT)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ConfigError(f"`count` must be an integer >= 1; got {count!r}.")
+    seed = integer("seed", seed, 0, below=_KEY_LIMIT, integral=True)
+    position = integer("position", position, 0, below=_KEY_LIMIT, integral=True)
+    stream = integer("stream", stream, 0, below=_KEY_LIMIT, integral=True)
+    integer("count", count, 1)
     counter = (position << 128) | (stream << 64)
     bits = np.random.Philox(key=seed, counter=counter).random_raw(count)
     uniform = (bits >> np.uint64(11)).astype(np.float64)
@@ -210,7 +203,7 @@ class Coupled:
         """
         if position is None or not _all_deterministic(tree):
             return self.fallback.verify(tree, target_logits, sampling, generator)
-        position = _check_key("position", position, _POSITION_LIMIT)
+        position = integer("position", position, 0, below=_KEY_LIMIT, integral=True)
         check_target_logits(tree, target_logits)
         seed = generator.initial_seed()
 

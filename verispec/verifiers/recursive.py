@@ -38,6 +38,7 @@ import torch
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
 from verispec.core.types import Verdict
+from verispec.core.validate import integer
 from verispec.errors import ConfigError, TreeStructureError
 from verispec.kernels import ops
 from verispec.kernels.backend import backend_for, require_triton
@@ -129,8 +130,7 @@ class RecursiveRejection:
         successive :meth:`verify` calls do, and returns the same verdicts. Arguments
         and errors as :meth:`verify`; ``num_samples`` must be an integer >= 1.
         """
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ConfigError(f"`num_samples` must be an integer >= 1; got {num_samples!r}.")
+        integer("num_samples", num_samples, 1)
         n = tree.num_nodes
         check_target_logits(tree, target_logits)
         # coins[s][i] for node i of sample s; coins[s][n] for its extra token

@@ -1,0 +1,141 @@
+"""The checks of a single value: "an integer >= 1", "in (0, 1)", "a finite number > 0".
+
+Written once and used wherever a value enters verispec (the core's types, the
+drafters' configurations, the models, the kernels, the benchmark and the CLI). Each
+check returns the value and raises :class:`~verispec.errors.ConfigError` naming the
+argument, what was given and what is allowed::
+
+    integer("k", 0, 1)                  # ConfigError: `k` must be an integer >= 1; got 0.
+    integer("seed", s, 0, below=2**64)  # ... must be an integer in [0, 2**64); ...
+    interval("top_p", p, 0, 1, closed="high", note=" (1 disables it)")
+    number("prior_strength", s, strict=True)  # ... must be a finite number > 0; ...
+
+:func:`attrs_check` turns a check into an ``attrs`` validator (the attribute's name is
+the argument's name); :func:`bounds` is the phrase for the allowed range, for messages
+that are not :class:`ConfigError` (the CLI's argparse errors).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any, Literal
+
+from verispec.errors import ConfigError
+
+__all__ = ["attrs_check", "bounds", "in_bounds", "integer", "interval", "number"]
+
+
+def _limit(value: int) -> str:
+    """``2**64`` for a large power of two, else the number."""
+    if value >= 1 << 16 and value & (value - 1) == 0:
+        return f"2**{value.bit_length() - 1}"
+    return str(value)
+
+
+def bounds(low: int | None = None, high: int | None = None, below: int | None = None) -> str:
+    """The allowed range as a phrase: ``">= 1"``, ``"in [1, 1024]"``, ``"in [0, 2**64)"``."""
+    if high is not None:
+        return f"in [{low}, {high}]"
+    if below is not None:
+        return f"in [{low}, {_limit(below)})"
+    return f">= {low}" if low is not None else ""
+
+
+def in_bounds(value: int, low: int | None, high: int | None, below: int | None) -> bool:
+    """Whether ``value`` lies in the range :func:`bounds` describes."""
+    return (
+        (low is None or value >= low)
+        and (high is None or value <= high)
+        and (below is None or value < below)
+    )
+
+
+def integer(
+    name: str,
+    value: Any,
+    low: int | None = None,
+    *,
+    high: int | None = None,
+    below: int | None = None,
+    note: str = "",
+    integral: bool = False,
+) -> int:
+    """``value`` if it is an ``int`` (not a bool) in range, else :class:`ConfigError`.
+
+    Args:
+        name: the argument's name, as the message shows it (in backticks).
+        low, high: inclusive bounds; ``below``: an exclusive upper bound.
+        note: said after the range, e.g. ``" (0 disables it)"`` or ``" or 'auto'"``.
+        integral: also accept other integral numbers (NumPy integers), returned as ``int``.
+    """
+    kinds: Any = numbers.Integral if integral else int
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, kinds)
+        or not in_bounds(int(value), low, high, below)
+    ):
+        phrase = bounds(low, high, below)
+        raise ConfigError(
+            f"`{name}` must be an integer{' ' + phrase if phrase else ''}{note}; got {value!r}."
+        )
+    return int(value)
+
+
+def interval(
+    name: str,
+    value: Any,
+    low: float,
+    high: float,
+    *,
+    closed: Literal["neither", "low", "high", "both"] = "neither",
+    note: str = "",
+) -> float:
+    """``value`` if it is a real number (not a bool) in the interval, else :class:`ConfigError`.
+
+    ``closed`` says which ends belong to it: ``"neither"`` is ``(low, high)``, ``"both"``
+    is ``[low, high]``. NaN is never in it.
+    """
+    low_in, high_in = closed in ("low", "both"), closed in ("high", "both")
+    real = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (
+        real
+        and (low <= value if low_in else low < value)
+        and (value <= high if high_in else value < high)
+    ):
+        shown = f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+        raise ConfigError(f"`{name}` must be in {shown}{note}; got {value!r}.")
+    return float(value)
+
+
+def number(
+    name: str,
+    value: Any,
+    low: float = 0.0,
+    *,
+    strict: bool = False,
+    finite: bool = True,
+    note: str = "",
+) -> float:
+    """``value`` if it is a real number (not a bool) ``>= low`` (``> low`` when ``strict``),
+    and finite unless ``finite=False``; else :class:`ConfigError`. NaN never passes."""
+    real = isinstance(value, int | float) and not isinstance(value, bool)
+    if (
+        not real
+        or math.isnan(value)
+        or (finite and math.isinf(value))
+        or (value <= low if strict else value < low)
+    ):
+        what = f"a {'finite ' if finite else ''}number {'>' if strict else '>='} {low:g}"
+        raise ConfigError(f"`{name}` must be {what}{note}; got {value!r}.")
+    return float(value)
+
+
+def attrs_check(check: Callable[..., object], *args: Any, **kwargs: Any) -> Any:
+    """An ``attrs`` validator running ``check(attribute.name, value, *args, **kwargs)``."""
+
+    def validator(instance: object, attribute: Any, value: object) -> None:
+        check(attribute.name, value, *args, **kwargs)
+
+    return validator
