@@ -16,8 +16,9 @@ from verispec.core import (
 )
 from verispec.drafters import Autoregressive, TokenRecycling
 from verispec.drafters.templates import TEMPLATES
-from verispec.drafters.token_recycling import expand_template, last_occurrence_mask, row_topk
+from verispec.drafters.token_recycling import row_topk
 from verispec.errors import ConfigError, IncompatibleModelsError, TreeStructureError
+from verispec.kernels.reference import expand_template, last_occurrence_mask
 from verispec.verifiers import Greedy
 
 SMALL = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
@@ -80,7 +81,8 @@ def test_paper_cold_start_reads_unknown_as_token_zero() -> None:
 def test_expand_template_marks_descendants_of_unknown_rows() -> None:
     """expand_template returns -1 for an unknown slot and for every node below it."""
     drafter = _drafter_with({5: [1, -1, 3], 1: [4, 6, 7]})
-    rows = expand_template(drafter.adjacency, 5, drafter.template)
+    t = drafter.template
+    rows = expand_template(drafter.adjacency, 5, t.parents, t.slots, t.level_starts)
     assert rows.tolist() == [5, 1, -1, 3, 4, 6, -1, -1]
 
 

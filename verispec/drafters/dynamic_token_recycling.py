@@ -74,8 +74,9 @@ from verispec.drafters.candidates import (
 )
 from verispec.drafters.prompt_lookup import PromptLookup
 from verispec.drafters.suffix import SOURCES, SuffixDrafter
-from verispec.drafters.token_recycling import last_occurrence_mask, row_topk_scored
+from verispec.drafters.token_recycling import row_topk_scored
 from verispec.errors import ConfigError, IncompatibleModelsError
+from verispec.kernels.reference import last_occurrence_mask
 
 __all__ = ["Calibration", "DynamicTokenRecycling", "code_to_score", "score_to_code"]
 

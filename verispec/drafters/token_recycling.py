@@ -38,14 +38,15 @@ Kernels. The expansion and the update each have a Triton kernel
 ``kernels`` picks (:mod:`verispec.kernels.backend`). With the kernels (by default when
 the target's logits are on CUDA) ``M`` lives on the logits' device, is updated there
 without a host sync, and the expanded tokens come to the host once per step to build the
-tree; otherwise ``M`` lives on the CPU and the PyTorch functions below run.
+tree; otherwise ``M`` lives on the CPU and the kernels' PyTorch twins run
+(:func:`verispec.kernels.reference.expand_template`,
+:func:`~verispec.kernels.reference.update_adjacency`): each rule is written once.
 
 Shape glossary: N tree nodes, V vocabulary, K candidates per token.
 """
 
 from __future__ import annotations
 
-import itertools
 from typing import ClassVar
 
 import torch
@@ -53,15 +54,13 @@ import torch
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
 from verispec.core.validate import integer
-from verispec.drafters.templates import TemplateSpec, TreeTemplate, resolve_template
+from verispec.drafters.templates import TemplateSpec, resolve_template
 from verispec.errors import ConfigError, IncompatibleModelsError
-from verispec.kernels import ops
+from verispec.kernels import ops, reference
 from verispec.kernels.backend import backend_for, require_triton
 
 __all__ = [
     "TokenRecycling",
-    "expand_template",
-    "last_occurrence_mask",
     "row_topk",
     "row_topk_scored",
 ]
@@ -135,42 +134,6 @@ def row_topk_scored(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     source = logits if block_max is None else block_max
     norm = torch.logsumexp(source.float(), dim=-1, keepdim=True)  # (M, 1)
     return indices, (values.float() - norm).exp_().clamp_(max=1.0)
-
-
-def expand_template(adjacency: torch.Tensor, root: int, template: TreeTemplate) -> torch.Tensor:
-    """Breadth-first expansion of ``template`` from ``root`` over ``adjacency``.
-
-    Args:
-        adjacency: int32 or int64, Shape: (V, K). ``-1`` marks an unknown candidate.
-        root: the root token id.
-        template: the static tree.
-
-    Returns:
-        int64, Shape: (N + 1,). Row 0 is the root, row ``i + 1`` node ``i``'s token;
-        ``-1`` where a slot, or any slot above it, is unknown.
-    """
-    n = template.num_nodes
-    rows = torch.empty(n + 1, dtype=torch.long)
-    rows[0] = root
-    parent_rows = template.parents + 1  # (N,) row of each node's parent
-    starts = template.level_starts
-    vocab = adjacency.shape[0]
-    for lo, hi in itertools.pairwise(starts):  # one gather per level
-        parent_tok = rows[parent_rows[lo:hi]]
-        known = parent_tok >= 0
-        cand = adjacency[parent_tok.clamp(0, vocab - 1), template.slots[lo:hi]].long()
-        rows[lo + 1 : hi + 1] = torch.where(known, cand, -1)
-    return rows
-
-
-def last_occurrence_mask(tokens: torch.Tensor) -> torch.Tensor:
-    """bool, Shape: (M,). True where ``tokens[i]`` does not occur again after position ``i``.
-
-    Args:
-        tokens: int64, Shape: (M,).
-    """
-    same = tokens[:, None] == tokens[None, :]  # (M, M)
-    return ~torch.triu(same, diagonal=1).any(dim=1)
 
 
 class TokenRecycling:
@@ -257,7 +220,8 @@ class TokenRecycling:
                 adj, root, t.parents, t.slots, t.level_starts, kernels="triton"
             ).cpu()  # (N + 1,) the tree's tokens to the host: a sync
         else:
-            rows = expand_template(adj, root, self.template)  # (N + 1,)
+            t = self.template
+            rows = reference.expand_template(adj, root, t.parents, t.slots, t.level_starts)
         tokens = rows[1:]
         if not self.prune_unknown:  # not in the paper's wording: its zero init, read lazily
             return DraftTree.from_parents(tokens.clamp(min=0), self._full_parents, self._full_laws)
@@ -310,8 +274,7 @@ class TokenRecycling:
         if adj.device.type != "cpu":
             adj = self._adjacency = adj.cpu()
         top = row_topk(logits, k)[1].to("cpu", torch.int32)  # (N + 1, K)
-        keep = last_occurrence_mask(scored)
-        adj[scored[keep], :k] = top[keep]
+        reference.update_adjacency(adj[:, :k], scored, top)
 
     def reset_vocabulary(self, vocab_size: int) -> None:
         """Reallocate the matrix for a target with another vocabulary (forgets everything)."""

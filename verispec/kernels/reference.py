@@ -11,7 +11,8 @@ reference agree draw for draw, not merely up to rounding.
 * :func:`rejection_verify` — recursive rejection sampling over one tree for the
   Deterministic, IID and WithoutReplacement laws (docs/exactness.rst).
 * :func:`expand_template`, :func:`update_adjacency` — Token Recycling's
-  breadth-first template expansion and top-k row update (Luo et al., ACL 2025).
+  breadth-first template expansion and top-k row update (Luo et al., ACL 2025): the
+  one implementation of these rules, which the drafter calls on the PyTorch path.
 * :func:`compact_kv` — gather accepted KV positions into place, every layer.
 
 Tree structure is passed in CSR form by row (row 0 the root, row i + 1 node i):
@@ -285,6 +286,8 @@ def expand_template(
 ) -> torch.Tensor:
     """Breadth-first expansion of a static template from ``root`` (one gather per level).
 
+    The PyTorch path of ``verispec.drafters.TokenRecycling``'s proposal.
+
     Args:
         adjacency: int32 or int64, Shape: (V, K). ``-1`` marks an unknown candidate.
         root: the root token id.
@@ -309,21 +312,33 @@ def expand_template(
     return rows
 
 
+def last_occurrence_mask(tokens: torch.Tensor) -> torch.Tensor:
+    """bool, Shape: (M,). True where ``tokens[i]`` does not occur again after position ``i``.
+
+    Token Recycling's "last writer wins": a row update scatters only these positions.
+
+    Args:
+        tokens: int64, Shape: (M,).
+    """
+    same = tokens[:, None] == tokens[None, :]  # (M, M)
+    return ~torch.triu(same, diagonal=1).any(dim=1)
+
+
 def update_adjacency(
     adjacency: torch.Tensor, row_tokens: torch.Tensor, topk_ids: torch.Tensor
 ) -> None:
     """Overwrite ``adjacency[row_tokens[i]]`` with ``topk_ids[i]``, in place.
 
     A token that appears at several rows keeps the top-k of its *last* row (last
-    writer wins in row order), matching ``verispec.drafters.token_recycling``.
+    writer wins in row order, :func:`last_occurrence_mask`). The PyTorch path of
+    ``verispec.drafters.TokenRecycling``'s update.
 
     Args:
         adjacency: int32 or int64, Shape: (V, K).
         row_tokens: int64, Shape: (M,). Token scored at each row (root first, then nodes).
         topk_ids: integer, Shape: (M, K). The target's top-K ids at each row.
     """
-    same = row_tokens[:, None] == row_tokens[None, :]  # (M, M)
-    last = ~torch.triu(same, diagonal=1).any(dim=1)  # (M,)
+    last = last_occurrence_mask(row_tokens)  # (M,)
     adjacency[row_tokens[last]] = topk_ids[last].to(adjacency.dtype)
 
 
