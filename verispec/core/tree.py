@@ -16,7 +16,7 @@ Shape glossary (docs/glossary): N tree nodes, V vocabulary.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeAlias
 
 import attrs
@@ -31,7 +31,34 @@ __all__ = [
     "DraftTree",
     "ProposalLaw",
     "WithoutReplacement",
+    "follow_path",
 ]
+
+
+def follow_path(
+    children: Callable[[int], Sequence[int]],
+    tokens: Sequence[int],
+    target_token: Callable[[int, int], int],
+) -> tuple[list[int], int]:
+    """Walk down a tree following one target token per row: ``(accepted, extra_token)``.
+
+    ``children(row)`` lists a row's child nodes in stored order (row 0 the root, row
+    ``i + 1`` node ``i``); ``target_token(row, depth)`` is the target's token at the row
+    (``depth`` 0 for the root). At each row the first child carrying that token is
+    accepted and its row comes next; at the first row with no such child the walk ends
+    and that token is the extra token. Only the rows on the walk are asked for, in
+    order. The one walk of the greedy and coupled rules (``verispec.verifiers``) and of
+    the greedy kernel's PyTorch twin (``verispec.kernels.reference``).
+    """
+    accepted: list[int] = []
+    row = 0
+    while True:
+        want = target_token(row, len(accepted))
+        nxt = next((c for c in children(row) if tokens[c] == want), None)
+        if nxt is None:
+            return accepted, want
+        accepted.append(nxt)
+        row = nxt + 1
 
 
 def _check_probs(instance: object, attribute: attrs.Attribute, value: torch.Tensor) -> None:

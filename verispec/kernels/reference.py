@@ -30,6 +30,8 @@ from collections.abc import Sequence
 
 import torch
 
+from verispec.core.tree import follow_path
+
 __all__ = [
     "DETERMINISTIC_CODE",
     "FIXED_ONE",
@@ -151,14 +153,10 @@ def greedy_verify(
     """
     best = target_logits.argmax(-1).tolist()  # (N + 1,)
     toks, ptr, idx = tokens.tolist(), child_ptr.tolist(), child_idx.tolist()
-    accepted: list[int] = []
-    row = 0
-    while True:
-        nxt = next((c for c in _children(ptr, idx, row) if toks[c] == best[row]), None)
-        if nxt is None:
-            return _pack(accepted, best[row], len(toks), target_logits.device)
-        accepted.append(nxt)
-        row = nxt + 1
+    accepted, extra = follow_path(
+        lambda row: _children(ptr, idx, row), toks, lambda row, depth: best[row]
+    )
+    return _pack(accepted, extra, len(toks), target_logits.device)
 
 
 # -- recursive rejection verification ---------------------------------------------------

@@ -43,7 +43,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from verispec.core.tree import IID, Deterministic, DraftTree, ProposalLaw, WithoutReplacement
+from verispec.core.tree import (
+    IID,
+    Deterministic,
+    DraftTree,
+    ProposalLaw,
+    WithoutReplacement,
+    follow_path,
+)
 from verispec.core.types import Verdict
 from verispec.errors import NonFiniteLogitsError, TreeStructureError
 
@@ -97,25 +104,14 @@ def check_target_logits(tree: DraftTree, target_logits: torch.Tensor) -> None:
 
 
 def follow_target(tree: DraftTree, target_token: Callable[[int, int], int]) -> Verdict:
-    """Walk down ``tree`` following one target token per row.
+    """Walk down ``tree`` following one target token per row (:func:`follow_path`).
 
     ``target_token(row, depth)`` is the target's token at the row (``depth`` 0 for the
-    root, so the row's token sits ``depth`` positions after the root's next token). At
-    each row the first child carrying that token is accepted and becomes the next
-    row; at the first row with no such child the walk ends and that token is the
-    extra token. Only the rows on the walk are asked for, in order.
+    root, so the row's token sits ``depth`` positions after the root's next token).
     """
-    tokens = tree.tokens.tolist()
     children = tree.children
-    accepted: list[int] = []
-    row = 0
-    while True:
-        want = target_token(row, len(accepted))
-        nxt = next((c for c in children[row] if tokens[c] == want), None)
-        if nxt is None:
-            return Verdict(tuple(accepted), want)
-        accepted.append(nxt)
-        row = nxt + 1
+    accepted, extra = follow_path(children.__getitem__, tree.tokens.tolist(), target_token)
+    return Verdict(tuple(accepted), extra)
 
 
 class RowRejection:
