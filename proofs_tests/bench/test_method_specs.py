@@ -57,7 +57,7 @@ def _value(value: Any) -> Any:
 def _outcome(name: str, spec: str) -> dict[str, Any]:
     try:
         parsed = parse_method(spec, METHODS)
-    except Exception as exc:  # noqa: BLE001  (recorded: the type and the name it gives)
+    except Exception as exc:  # recorded: the type and the name it gives
         return {"parse_error": type(exc).__name__, "names": _named(str(exc))}
     got: dict[str, Any] = {
         "label": parsed.label,
@@ -68,7 +68,7 @@ def _outcome(name: str, spec: str) -> dict[str, Any]:
         try:
             METHODS[name].drafter(target, parsed.params, None)  # type: ignore[misc]
             got["built"] = True
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             got["build_error"] = type(exc).__name__
             got["names"] = _named(str(exc))
     return got
