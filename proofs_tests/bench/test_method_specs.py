@@ -1,8 +1,9 @@
 """Method specs keep their meaning: every spec ``verispec methods`` lists, with good and bad
 values of every parameter, parses (and builds) as it did when the table was recorded.
 
-``data/method_specs.json`` was recorded from the table of main at 3d9eadb, before the drafters' configs
-replaced the benchmark's own parameter list (issue 14): for each method and parameter,
+``data/method_specs.json`` was recorded from the table of main at 3d9eadb, before the
+drafters' configs replaced the benchmark's own parameter list (issue 14): for each
+method and parameter,
 the texts of :func:`_texts` (the default, the bounds, one past each bound, and values of
 the wrong kind). For each spec the record holds what parsing gave (the label and every
 parameter, typed) or the error (its type and the parameter its message names), and,
