@@ -80,7 +80,7 @@ class _Workload:
         return METHODS[spec.name].build(self.context, spec.params)
 
     def run_all(self, runner: Any) -> list[Any]:
-        """One answer per prompt (:class:`~verispec.bench.runners.TurnResult`)."""
+        """One answer per prompt (:class:`~verispec.bench.runner.TurnResult`)."""
         return [runner.run(ids, self.config) for ids in self.prompts]
 
 

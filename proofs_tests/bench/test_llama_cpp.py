@@ -12,7 +12,7 @@ import torch
 
 from verispec.bench.llama_cpp import LlamaCppRunner, llama_cpp_available
 from verispec.bench.methods import METHODS
-from verispec.bench.runners import BenchContext
+from verispec.bench.runner import BenchContext
 from verispec.core.types import GenerationConfig
 from verispec.errors import ConfigError
 

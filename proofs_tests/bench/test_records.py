@@ -24,8 +24,7 @@ from verispec.bench.methods import METHODS
 from verispec.bench.prompts import Question
 from verispec.bench.records import RecordLog, default_records_path, records_header
 from verispec.bench.registry import parse_methods
-from verispec.bench.runner import BenchConfig, TurnRecord, record_key, run_bench
-from verispec.bench.runners import TurnResult
+from verispec.bench.runner import BenchConfig, TurnRecord, TurnResult, record_key, run_bench
 from verispec.core.types import GenerationConfig
 from verispec.errors import ConfigError
 

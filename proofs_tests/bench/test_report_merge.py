@@ -27,8 +27,7 @@ from verispec.bench.report import (
     summarise,
     to_json,
 )
-from verispec.bench.runner import BenchConfig, BenchRun, TurnRecord
-from verispec.bench.runners import TurnResult
+from verispec.bench.runner import BenchConfig, BenchRun, TurnRecord, TurnResult
 from verispec.errors import ConfigError
 
 PNG = b"\x89PNG\r\n\x1a\n"

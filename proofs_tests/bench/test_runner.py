@@ -15,8 +15,7 @@ from verispec.bench.output import write_json
 from verispec.bench.prompts import Question, shipped_questions
 from verispec.bench.registry import parse_methods
 from verispec.bench.report import summarise, to_json
-from verispec.bench.runner import BenchConfig, build_runners, run_bench
-from verispec.bench.runners import TurnResult
+from verispec.bench.runner import BenchConfig, TurnResult, build_runners, run_bench
 from verispec.core.types import GenerationConfig
 from verispec.errors import ConfigError
 

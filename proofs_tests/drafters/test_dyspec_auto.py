@@ -313,7 +313,7 @@ def test_bench_spec_builds_auto_with_the_targets_table(
     hands it to DySpec; `budget=0` and `budget=lots` are refused when parsed."""
     from verispec.bench.methods import METHODS
     from verispec.bench.registry import parse_method
-    from verispec.bench.runners import BenchContext
+    from verispec.bench.runner import BenchContext
     from verispec.drafters.budget import device_key
     from verispec.models.tiny import tiny_llama
 

@@ -38,14 +38,18 @@ from verispec.bench.report import (
 )
 from verispec.bench.runner import (
     BenchConfig,
+    BenchContext,
     BenchRun,
+    EngineRunner,
+    HFRunner,
+    MethodRunner,
     TurnRecord,
+    TurnResult,
     build_runners,
     check_available,
     make_context,
     run_bench,
 )
-from verispec.bench.runners import BenchContext, EngineRunner, HFRunner, MethodRunner, TurnResult
 
 __all__ = [
     "METHODS",

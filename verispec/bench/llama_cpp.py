@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from verispec.bench.runners import BenchContext, TurnResult, _decode, measure_call
+from verispec.bench.runner import BenchContext, TurnResult, _decode, measure_call
 from verispec.core.types import GenerationConfig
 from verispec.errors import ConfigError
 

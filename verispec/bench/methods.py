@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verispec.bench.registry import MethodEntry, Param
-from verispec.bench.runners import BenchContext, EngineRunner, HFRunner, MethodRunner
+from verispec.bench.runner import BenchContext, EngineRunner, HFRunner, MethodRunner
 from verispec.errors import ConfigError
 
 __all__ = ["METHODS", "availability", "drafter_class"]

@@ -27,8 +27,7 @@ import attrs
 
 from verispec.bench.prompts import Question
 from verispec.bench.registry import MethodSpec
-from verispec.bench.runner import BenchConfig, RecordKey, TurnRecord, record_key
-from verispec.bench.runners import TurnResult
+from verispec.bench.runner import BenchConfig, RecordKey, TurnRecord, TurnResult, record_key
 from verispec.errors import ConfigError
 
 __all__ = ["RecordLog", "default_records_path", "records_header"]
