@@ -2,20 +2,23 @@
 
 A long ``verispec bench`` run can be split into shards over disjoint answers
 (typically ``--categories a,b`` in one process and ``--categories c,d`` in
-another) and its JSON reports merged afterwards. Every figure of
-:mod:`verispec.bench.report` is a ratio of sums over answers, so the merge is
-exact: the sums are recovered from each shard (new tokens, seconds, steps,
-committed tokens = MAT x steps, tree nodes = nodes/step x steps, the time split,
-identical answers, finish reasons; peak memory is a maximum), added up, and the
-ratios and the speedups over ``hf`` and ``ar`` recomputed. Per-category figures
-belong to one shard each and are kept as they are.
+another) and its JSON reports merged afterwards. :class:`~verispec.bench.report.Figures`
+hold sums over answers, so the merge is addition; the ratios follow, and the speedups
+over ``hf`` and ``ar`` are recomputed. Per-category figures belong to one shard each
+and are kept as they are.
+
+Reports written before the figures stored ``committed`` and ``tree_nodes`` (every
+committed report up to issue 14) are read too: those two sums are recovered from
+their ratios, ``round(MAT x steps)`` and ``round(nodes/step x steps)``, integers in
+every report.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import warnings
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,13 +29,14 @@ from verispec.errors import ConfigError
 __all__ = ["load_report", "merge_reports", "report_from_json"]
 
 
-# Every field of Figures and the JSON types it may hold (None where the field is optional).
+# Every field of a report's figures and the JSON types it may hold (None where optional):
+# the sums Figures keeps, and the ratios that reports written before it stored sums
+# carry instead of `committed` and `tree_nodes`.
 _NUMBER = (int, float)
 _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "outputs": ((int,), False),
     "new_tokens": ((int,), False),
     "seconds": (_NUMBER, False),
-    "tokens_per_s": (_NUMBER, False),
     "steps": ((int,), False),
     "mean_accepted": (_NUMBER, False),
     "mean_tree_size": (_NUMBER, True),
@@ -40,7 +44,6 @@ _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "time_split": ((dict,), True),
     "speedup_vs_hf": (_NUMBER, True),
     "speedup_vs_ar": (_NUMBER, True),
-    "identical": (_NUMBER, True),
     "identical_count": ((int,), True),
     "finish_reasons": ((dict,), False),
 }
@@ -70,7 +73,20 @@ def _figures_from_json(data: Any, where: str) -> Figures:
             want = " or ".join(t.__name__ for t in types) + (" or null" if optional else "")
             raise ConfigError(f"`{where}.{name}` must be {want}; got {value!r}.")
         values[name] = value
+    steps = values["steps"]
+    mat, size = values.pop("mean_accepted"), values.pop("mean_tree_size")
+    committed, nodes = data.get("committed"), data.get("tree_nodes", _OLD)
+    for name, value in (("committed", committed), ("tree_nodes", nodes)):
+        if value is not None and value is not _OLD and type(value) is not int:
+            raise ConfigError(f"`{where}.{name}` must be int or null; got {value!r}.")
+    values["committed"] = round(mat * steps) if committed is None else committed
+    if nodes is _OLD:  # an old report: nodes/step x steps, an integer in each report
+        nodes = None if size is None else round(size * steps)
+    values["tree_nodes"] = nodes
     return Figures(**values)
+
+
+_OLD = object()  # marks a report written before the figures stored `tree_nodes`
 
 
 def report_from_json(data: Any) -> BenchReport:
@@ -156,49 +172,6 @@ _SHARED_CONFIG = (
 _SHARED_MACHINE = ("dtype", "device")
 
 
-def _combine(parts: Sequence[Figures]) -> dict[str, Any]:
-    """One method's figures over the union of disjoint answer sets (speedups left out)."""
-    new_tokens = sum(f.new_tokens for f in parts)
-    seconds = sum(f.seconds for f in parts)
-    steps = sum(f.steps for f in parts)
-    committed = sum(round(f.mean_accepted * f.steps) for f in parts)  # integers in each shard
-    nodes: int | None = 0
-    for f in parts:
-        if f.mean_tree_size is None or nodes is None:
-            nodes = None
-        else:
-            nodes += round(f.mean_tree_size * f.steps)  # an integer in each shard
-    split: dict[str, float] | None = None
-    splits = [f.time_split for f in parts]
-    if parts and all(s is not None for s in splits):
-        split = {
-            name: float(sum(s[name] for s in splits if s is not None))
-            for name in ("draft", "target", "verify")
-            if all(s is not None and name in s for s in splits)
-        }
-        split["other"] = max(seconds - sum(split.values()), 0.0)
-    outputs = sum(f.outputs for f in parts)
-    counts = [f.identical_count for f in parts]
-    identical_count = None if None in counts else sum(c for c in counts if c is not None)
-    reasons: Counter[str] = Counter()
-    for f in parts:
-        reasons.update(f.finish_reasons)
-    return {
-        "outputs": outputs,
-        "new_tokens": new_tokens,
-        "seconds": seconds,
-        "tokens_per_s": new_tokens / seconds if seconds > 0 else 0.0,
-        "steps": steps,
-        "mean_accepted": committed / steps if steps else 0.0,
-        "mean_tree_size": nodes / steps if steps and nodes is not None else None,
-        "peak_memory_mib": max((f.peak_memory_mib for f in parts), default=0.0),
-        "time_split": split,
-        "identical_count": identical_count,
-        "identical": identical_count / outputs if identical_count is not None else None,
-        "finish_reasons": dict(reasons),
-    }
-
-
 def _categories(report: BenchReport) -> list[str]:
     return list(report.config.get("categories") or report.per_category)
 
@@ -279,7 +252,10 @@ def merge_reports(
     first = reports[0]
     labels = list(first.methods)
     methods = _with_speedups(
-        {label: _combine([r.methods[label] for r in reports]) for label in labels}
+        {
+            label: functools.reduce(operator.add, [r.methods[label] for r in reports])
+            for label in labels
+        }
     )
     config = dict(first.config)
     config["methods"] = labels

@@ -21,10 +21,11 @@ Definitions (the same for every method, overall and per category):
 * **draft / target / verify** — shares of the wall-clock time; the rest is the loop
   and the host (``generate``'s own drafting where it cannot be separated).
 
-Every figure is a ratio of sums over answers, so the reports of runs over disjoint
-answers (a run sharded with ``--categories``) merge exactly, and a report renders
-without its run: :mod:`verispec.bench.merge` reads ``to_json``'s output back and
-merges shards.
+:class:`Figures` store sums over answers (tokens, seconds, steps, committed tokens,
+tree nodes, the time split, identical answers) and derive every ratio, so the reports
+of runs over disjoint answers (a run sharded with ``--categories``) merge by addition
+(``Figures.__add__``), and a report renders without its run: :mod:`verispec.bench.merge`
+reads ``to_json``'s output back and merges shards.
 """
 
 from __future__ import annotations
@@ -51,27 +52,87 @@ __all__ = [
 _MIB = float(1 << 20)
 
 
+_PARTS = ("draft", "target", "verify")  # the measured parts of the time split
+
+
+def _with_other(parts: dict[str, float], seconds: float) -> dict[str, float]:
+    """The time split: the measured parts, and the rest of the wall-clock time."""
+    return {**parts, "other": max(seconds - sum(parts.values()), 0.0)}
+
+
 @attrs.frozen
 class Figures:
-    """Aggregated figures of one method over a group of answers (see module docstring)."""
+    """Sums over a group of answers of one method; every ratio is derived from them.
+
+    Attributes:
+        outputs, new_tokens, seconds, steps, committed: answers, their new tokens and
+            wall-clock seconds, target forwards, tokens those forwards committed.
+        tree_nodes: draft nodes scored, ``None`` where a method does not expose them.
+        peak_memory_mib: the largest per-answer peak (a maximum, not a sum).
+        time_split: seconds per part (draft, target, verify where measured; other);
+            ``None`` where the target time is unknown.
+        identical_count: answers token-identical to the reference (``None``: not compared).
+        finish_reasons: answers per finish reason.
+        speedup_vs_hf, speedup_vs_ar: tokens/s over ``hf``'s / ``ar``'s on the same
+            answers, set by the report that holds both.
+    """
 
     outputs: int
     new_tokens: int
     seconds: float
-    tokens_per_s: float
     steps: int
-    mean_accepted: float
-    mean_tree_size: float | None
+    committed: int
+    tree_nodes: int | None
     peak_memory_mib: float
     time_split: dict[str, float] | None
-    speedup_vs_hf: float | None
-    speedup_vs_ar: float | None
-    identical: float | None
     identical_count: int | None
     finish_reasons: dict[str, int]
+    speedup_vs_hf: float | None = None
+    speedup_vs_ar: float | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.committed / self.steps if self.steps else 0.0
+
+    @property
+    def mean_tree_size(self) -> float | None:
+        return self.tree_nodes / self.steps if self.steps and self.tree_nodes is not None else None
+
+    @property
+    def identical(self) -> float | None:
+        count = self.identical_count
+        return count / self.outputs if count is not None and self.outputs else None
+
+    def __add__(self, other: Figures) -> Figures:
+        """The figures over both groups of answers (disjoint); speedups left unset."""
+        nodes = None if None in (self.tree_nodes, other.tree_nodes) else 0
+        split = None
+        if self.time_split is not None and other.time_split is not None:
+            mine, theirs = self.time_split, other.time_split
+            parts = {p: mine[p] + theirs[p] for p in _PARTS if p in mine and p in theirs}
+            split = _with_other(parts, self.seconds + other.seconds)
+        counts = (self.identical_count, other.identical_count)
+        return Figures(
+            outputs=self.outputs + other.outputs,
+            new_tokens=self.new_tokens + other.new_tokens,
+            seconds=self.seconds + other.seconds,
+            steps=self.steps + other.steps,
+            committed=self.committed + other.committed,
+            tree_nodes=None if nodes is None else self.tree_nodes + other.tree_nodes,  # type: ignore[operator]
+            peak_memory_mib=max(self.peak_memory_mib, other.peak_memory_mib),
+            time_split=split,
+            identical_count=None if None in counts else sum(counts),  # type: ignore[arg-type]
+            finish_reasons=dict(Counter(self.finish_reasons) + Counter(other.finish_reasons)),
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        """The sums and the ratios derived from them (the JSON report's fields)."""
+        ratios = ("tokens_per_s", "mean_accepted", "mean_tree_size", "identical")
+        return {**attrs.asdict(self), **{name: getattr(self, name) for name in ratios}}
 
 
 @attrs.frozen
@@ -123,48 +184,35 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
 def _figures(
     records: Sequence[TurnRecord],
     reference: dict[tuple[str, int], tuple[int, ...]] | None,
-) -> dict[str, Any]:
+) -> Figures:
     results = [r.result for r in records]
-    new_tokens = sum(len(r.tokens) for r in results)
     seconds = sum(r.seconds for r in results)
-    steps = sum(r.steps for r in results)
-    committed = sum(r.committed for r in results)
     nodes = [r.tree_nodes for r in results]
     split: dict[str, float] | None = None
-    parts = {"draft": [r.draft_s for r in results], "target": [r.target_s for r in results]}
-    parts["verify"] = [r.verify_s for r in results]
-    if results and all(v is not None for v in parts["target"]):
-        split = {}
-        for name, values in parts.items():
-            if all(v is not None for v in values):
-                split[name] = float(sum(v for v in values if v is not None))
-        split["other"] = max(seconds - sum(split.values()), 0.0)
+    if results and all(r.target_s is not None for r in results):
+        values = {p: [getattr(r, f"{p}_s") for r in results] for p in _PARTS}
+        known = {p: v for p, v in values.items() if None not in v}
+        split = _with_other({p: float(sum(v)) for p, v in known.items()}, seconds)
     identical_count = None
     if reference is not None:
         identical_count = sum(reference.get(_key(r)) == r.result.tokens for r in records)
-    return {
-        "outputs": len(records),
-        "new_tokens": new_tokens,
-        "seconds": seconds,
-        "tokens_per_s": new_tokens / seconds if seconds > 0 else 0.0,
-        "steps": steps,
-        "mean_accepted": committed / steps if steps else 0.0,
-        "mean_tree_size": (
-            sum(n for n in nodes if n is not None) / steps
-            if steps and all(n is not None for n in nodes)
-            else None
-        ),
-        "peak_memory_mib": max((r.peak_memory for r in results), default=0) / _MIB,
-        "time_split": split,
-        "identical_count": identical_count,
-        "identical": identical_count / len(records) if identical_count is not None else None,
-        "finish_reasons": dict(Counter(r.finish_reason for r in results)),
-    }
+    return Figures(
+        outputs=len(records),
+        new_tokens=sum(len(r.tokens) for r in results),
+        seconds=seconds,
+        steps=sum(r.steps for r in results),
+        committed=sum(r.committed for r in results),
+        tree_nodes=None if None in nodes else sum(nodes),  # type: ignore[arg-type]
+        peak_memory_mib=max((r.peak_memory for r in results), default=0) / _MIB,
+        time_split=split,
+        identical_count=identical_count,
+        finish_reasons=dict(Counter(r.finish_reason for r in results)),
+    )
 
 
 def _group(
     records: Sequence[TurnRecord], labels: Sequence[str], reference: Any, compared: set[str]
-) -> dict:
+) -> dict[str, Figures]:
     raw = {
         label: _figures(
             [r for r in records if r.method == label], reference if label in compared else None
@@ -179,18 +227,18 @@ def _is_hf_peer(name: str) -> bool:
     return name == "hf" or name.startswith("hf-")
 
 
-def _with_speedups(raw: dict[str, dict[str, Any]]) -> dict[str, Figures]:
+def _with_speedups(raw: dict[str, Figures]) -> dict[str, Figures]:
     """Figures of one group of answers, each method's speedups over ``hf`` and ``ar``."""
     out = {}
     for label, figures in raw.items():
         speedups: dict[str, Any] = {}
         for peer in ("hf", "ar"):
             base = raw.get(peer)
-            ok = base is not None and base["tokens_per_s"] > 0
+            ok = base is not None and base.tokens_per_s > 0
             speedups[f"speedup_vs_{peer}"] = (
-                figures["tokens_per_s"] / base["tokens_per_s"] if ok and base else None
+                figures.tokens_per_s / base.tokens_per_s if ok and base else None
             )
-        out[label] = Figures(**figures, **speedups)
+        out[label] = attrs.evolve(figures, **speedups)
     return out
 
 
