@@ -215,7 +215,7 @@ def test_budget_and_room_limit_the_tree() -> None:
         ({"budget": -1}, "`budget` must be an integer >= 0"),
         ({"max_depth": 0}, "`max_depth`"),
         ({"min_match": 0}, "`min_match`"),
-        ({"depth_factor": 0.0}, "`depth_factor` must be > 0"),
+        ({"depth_factor": 0.0}, "`depth_factor` must be a number > 0 or None"),
         ({"decay": 1.5}, "`decay`"),
         ({"corpus": [1, 2]}, "`corpus` must be a SuffixCorpus"),
     ],

@@ -13,6 +13,11 @@ argument, what was given and what is allowed::
 :func:`attrs_check` turns a check into an ``attrs`` validator (the attribute's name is
 the argument's name); :func:`bounds` is the phrase for the allowed range, for messages
 that are not :class:`ConfigError` (the CLI's argparse errors).
+
+:func:`option` declares one field of a drafter's options (its default, its check and a
+line of help), the one place a drafter's parameter is described: the drafter checks
+its arguments by building its options, and the benchmark's method specs, ``verispec
+methods`` and :func:`verispec.drafter` read the same fields.
 """
 
 from __future__ import annotations
@@ -22,9 +27,22 @@ import numbers
 from collections.abc import Callable
 from typing import Any, Literal
 
+import attrs
+
 from verispec.errors import ConfigError
 
-__all__ = ["attrs_check", "bounds", "in_bounds", "integer", "interval", "number"]
+__all__ = [
+    "attrs_check",
+    "boolean",
+    "bounds",
+    "check_option",
+    "in_bounds",
+    "integer",
+    "integer_or_auto",
+    "interval",
+    "number",
+    "option",
+]
 
 
 def _limit(value: int) -> str:
@@ -116,10 +134,15 @@ def number(
     *,
     strict: bool = False,
     finite: bool = True,
+    none: bool = False,
     note: str = "",
-) -> float:
+) -> float | None:
     """``value`` if it is a real number (not a bool) ``>= low`` (``> low`` when ``strict``),
-    and finite unless ``finite=False``; else :class:`ConfigError`. NaN never passes."""
+    and finite unless ``finite=False``; ``None`` too when ``none``; else
+    :class:`ConfigError`. NaN never passes."""
+    if none and value is None:
+        return None
+    note = note or (" or None" if none else "")
     real = isinstance(value, int | float) and not isinstance(value, bool)
     if (
         not real
@@ -139,3 +162,83 @@ def attrs_check(check: Callable[..., object], *args: Any, **kwargs: Any) -> Any:
         check(attribute.name, value, *args, **kwargs)
 
     return validator
+
+
+def boolean(name: str, value: Any) -> bool:
+    """``value`` if it is ``True`` or ``False``, else :class:`ConfigError`."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"`{name}` must be True or False; got {value!r}.")
+    return value
+
+
+def integer_or_auto(name: str, value: Any, low: int) -> int | str:
+    """``"auto"``, or an integer ``>= low`` (:func:`integer`)."""
+    if value == "auto":
+        return "auto"
+    return integer(name, value, low, note=" or 'auto'")
+
+
+_KINDS: dict[Any, str] = {integer: "int", interval: "float", number: "float", boolean: "bool"}
+_KINDS[integer_or_auto] = "int|auto"
+
+
+def _range(check: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The allowed range a check with these arguments enforces, as ``verispec methods``
+    shows it: ``>= 1``, ``in [1, 1024]``, ``in (0, 1]``, ``> 0``."""
+    if check in (integer, integer_or_auto):
+        low = args[0] if args else None
+        return bounds(low, high=kwargs.get("high"), below=kwargs.get("below"))
+    if check is interval:
+        closed = kwargs.get("closed", "neither")
+        low, high = args
+        left, right = (
+            "[" if closed in ("low", "both") else "(",
+            "]" if closed in ("high", "both") else ")",
+        )
+        return f"in {left}{low:g}, {high:g}{right}"
+    if check is number:
+        low = args[0] if args else 0.0
+        return f"{'>' if kwargs.get('strict') else '>='} {low:g}"
+    return ""
+
+
+def option(
+    default: Any,
+    check: Callable[..., object] | None = None,
+    *args: Any,
+    help: str,
+    spec: str | None = None,
+    kind: str | None = None,
+    **kwargs: Any,
+) -> Any:
+    """A field of a drafter's options: ``attrs.field`` with the check as its validator.
+
+    Args:
+        default: the drafter's default.
+        check: one of this module's checks (``None``: not checked), called with the
+            field's name, the value, ``args`` and ``kwargs``.
+        help: one line for ``verispec methods``.
+        spec: the parameter's name in method specs, when not the field's
+            (``pld:max`` for ``max_tokens``).
+        kind: the type as method specs read it, when ``check`` does not say
+            (``"bool"``, ``"int"``, ``"float"``).
+    """
+    return attrs.field(
+        default=default,
+        validator=None if check is None else attrs_check(check, *args, **kwargs),
+        metadata={
+            "help": help,
+            "spec": spec,
+            "kind": kind or _KINDS[check],
+            "range": _range(check, args, kwargs),
+            "check": None if check is None else (check, args, kwargs),
+        },
+    )
+
+
+def check_option(field: Any, name: str, value: Any) -> None:
+    """Run an :func:`option` field's check on ``value``, naming it ``name`` in the error."""
+    found = field.metadata.get("check")
+    if found is not None:
+        check, args, kwargs = found
+        check(name, value, *args, **kwargs)

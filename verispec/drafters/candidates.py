@@ -26,10 +26,11 @@ import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import Verdict
-from verispec.core.validate import interval, number
+from verispec.core.validate import interval, number, option
 
 __all__ = [
     "Calibration",
+    "CalibrationOptions",
     "Candidates",
     "fuse",
     "revalue",
@@ -41,10 +42,16 @@ __all__ = [
 _MAX_RATE = 1.0 - 1e-6  # keeps a child strictly below its parent
 
 
-def check_learning(decay: object, prior_strength: object) -> None:
-    """Raise ConfigError unless ``decay`` is in (0, 1] and ``prior_strength`` a finite > 0."""
-    interval("decay", decay, 0, 1, closed="high")
-    number("prior_strength", prior_strength, strict=True)
+@attrs.frozen(kw_only=True)
+class CalibrationOptions:
+    """The calibration's parameters, shared by the drafters that calibrate (DTR, suffix)."""
+
+    decay: float = option(
+        0.999, interval, 0, 1, closed="high", help="per-step forgetting of the calibration"
+    )
+    prior_strength: float = option(
+        8.0, number, strict=True, help="weight of the prior acceptance rates (pseudo-tries)"
+    )
 
 
 class Calibration:

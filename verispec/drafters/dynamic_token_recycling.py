@@ -56,16 +56,17 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import attrs
 import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
-from verispec.core.validate import integer
+from verispec.core.validate import boolean, integer, integer_or_auto, option
 from verispec.drafters.budget import LatencyTable, choose_budget
 from verispec.drafters.candidates import (
     Calibration,
+    CalibrationOptions,
     Candidates,
-    check_learning,
     fuse,
     revalue,
     subtree,
@@ -78,7 +79,13 @@ from verispec.drafters.token_recycling import row_topk_scored
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.kernels.reference import last_occurrence_mask
 
-__all__ = ["Calibration", "DynamicTokenRecycling", "code_to_score", "score_to_code"]
+__all__ = [
+    "Calibration",
+    "DynamicTokenRecycling",
+    "DynamicTokenRecyclingOptions",
+    "code_to_score",
+    "score_to_code",
+]
 
 _TR, _PLD, _SUFFIX = 0, 1, 2  # candidate columns: recycled, prompt lookup, suffix sources
 _COLUMNS = 2 + len(SOURCES)
@@ -105,6 +112,20 @@ def _encode(ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _decode(ids: torch.Tensor) -> torch.Tensor:
     return ids.long() + 32768 if ids.dtype == torch.int16 else ids.long()
+
+
+@attrs.frozen(kw_only=True)
+class DynamicTokenRecyclingOptions(CalibrationOptions):
+    """DynamicTokenRecycling's scalar parameters, checked (the one description of them)."""
+
+    budget: int | str = option(
+        16, integer_or_auto, 0, help="nodes per step, or auto (latency table)"
+    )
+    k: int = option(8, integer, 1, high=1024, help="candidates recycled per token (K)")
+    fusion: bool = option(True, boolean, help="add prompt-lookup candidates")
+    suffix: bool = option(False, boolean, help="add suffix-match candidates (context + corpus)")
+    max_budget: int = option(64, integer, 1, help="most nodes `auto` may choose")
+    max_depth: int = option(12, integer, 1, help="deepest node considered")
 
 
 class DynamicTokenRecycling:
@@ -152,23 +173,21 @@ class DynamicTokenRecycling:
         decay: float = 0.999,
         vocab_size: int | None = None,
     ) -> None:
-        if budget != "auto":
-            integer("budget", budget, 0, note=" or 'auto'")
+        self.options = DynamicTokenRecyclingOptions(
+            budget=budget,
+            k=k,
+            fusion=fusion,
+            suffix=suffix,
+            max_budget=max_budget,
+            max_depth=max_depth,
+            prior_strength=prior_strength,
+            decay=decay,
+        )
         if budget == "auto" and latency is None:
             raise ConfigError(
                 "`budget='auto'` needs the target's latency table; pass "
                 "`latency=verispec.drafters.budget.latency_for(model)`."
             )
-        for name, value, low in (
-            ("k", k, 1),
-            ("max_budget", max_budget, 1),
-            ("max_depth", max_depth, 1),
-        ):
-            integer(name, value, low)
-        check_learning(decay, prior_strength)
-        for name, flag in (("fusion", fusion), ("suffix", suffix)):
-            if not isinstance(flag, bool):
-                raise ConfigError(f"`{name}` must be True or False; got {flag!r}.")
         if suffix_drafter is not None and not suffix:
             raise ConfigError("`suffix_drafter` is only used with `suffix=True`; got suffix=False.")
         self.budget = budget

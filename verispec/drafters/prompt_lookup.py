@@ -41,10 +41,10 @@ import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
-from verispec.core.validate import integer, interval
+from verispec.core.validate import integer, interval, option
 from verispec.errors import ConfigError
 
-__all__ = ["LookupCandidates", "NgramIndex", "PromptLookup"]
+__all__ = ["LookupCandidates", "NgramIndex", "PromptLookup", "PromptLookupOptions"]
 
 
 class NgramIndex:
@@ -113,6 +113,27 @@ class LookupCandidates:
         return int(self.tokens.numel())
 
 
+@attrs.frozen
+class PromptLookupOptions:
+    """PromptLookup's parameters, checked (the one description of them)."""
+
+    max_tokens: int = option(10, integer, 1, spec="max", help="most draft nodes per step")
+    min_ngram: int = option(1, integer, 1, help="shortest suffix matched")
+    max_ngram: int = option(3, integer, 1, help="longest suffix matched")
+    max_matches: int = option(8, integer, 1, help="earlier occurrences merged per step")
+    tree: bool = option(True, kind="bool", help="a tree of continuations (false: one chain)")
+    acceptance: float = option(
+        0.5, interval, 0, 1, help="assumed acceptance, splits depth/branches"
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_ngram < self.min_ngram:
+            raise ConfigError(
+                f"`max_ngram` must be >= `min_ngram`; got max_ngram={self.max_ngram}, "
+                f"min_ngram={self.min_ngram}."
+            )
+
+
 class PromptLookup:
     """Prompt-lookup drafter that proposes a tree of the context's continuations.
 
@@ -141,16 +162,11 @@ class PromptLookup:
         tree: bool = True,
         acceptance: float = 0.5,
     ) -> None:
-        self.max_tokens = integer("max_tokens", max_tokens, 1)
-        self.min_ngram = integer("min_ngram", min_ngram, 1)
-        self.max_ngram = integer("max_ngram", max_ngram, 1)
-        if self.max_ngram < self.min_ngram:
-            raise ConfigError(
-                f"`max_ngram` must be >= `min_ngram`; got max_ngram={max_ngram}, "
-                f"min_ngram={min_ngram}."
-            )
-        self.max_matches = integer("max_matches", max_matches, 1)
-        interval("acceptance", acceptance, 0, 1)
+        self.options = PromptLookupOptions(
+            max_tokens, min_ngram, max_ngram, max_matches, tree, acceptance
+        )
+        self.max_tokens, self.min_ngram, self.max_ngram = max_tokens, min_ngram, max_ngram
+        self.max_matches = max_matches
         self.tree = bool(tree)
         self.acceptance = float(acceptance)
         self.index = NgramIndex(self.min_ngram, self.max_ngram)

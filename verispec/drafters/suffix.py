@@ -62,15 +62,16 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
+import attrs
 import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
-from verispec.core.validate import integer, number
+from verispec.core.validate import integer, number, option
 from verispec.drafters.candidates import (
     Calibration,
+    CalibrationOptions,
     Candidates,
-    check_learning,
     fuse,
     subtree,
     tried_and_hit,
@@ -79,7 +80,7 @@ from verispec.drafters.suffix_automaton import SuffixAutomaton
 from verispec.drafters.suffix_corpus import SuffixCorpus
 from verispec.errors import ConfigError
 
-__all__ = ["SOURCES", "SuffixDrafter", "continuation_score"]
+__all__ = ["SOURCES", "SuffixDrafter", "SuffixOptions", "continuation_score"]
 
 SOURCES = ("context", "corpus")  # candidate columns, in this order
 # Calibration cells: buckets by the matched length a node is predicted from (1, 2, 3, 4-5,
@@ -96,6 +97,23 @@ def continuation_score(count: int, total: int) -> float:
 
 def _score_row(score: float) -> int:
     return bisect_right(_SCORE_ROWS, score) - 1
+
+
+@attrs.frozen(kw_only=True)
+class SuffixOptions(CalibrationOptions):
+    """SuffixDrafter's scalar parameters, checked (the one description of them)."""
+
+    budget: int = option(16, integer, 0, help="most draft nodes per step")
+    max_depth: int = option(16, integer, 1, help="deepest node considered")
+    depth_factor: float | None = option(
+        None,
+        number,
+        strict=True,
+        finite=False,
+        none=True,
+        help="cap: depth <= depth_factor x match length",
+    )
+    min_match: int = option(1, integer, 1, help="shortest suffix match used")
 
 
 class SuffixDrafter:
@@ -128,14 +146,14 @@ class SuffixDrafter:
         prior_strength: float = 8.0,
         decay: float = 0.999,
     ) -> None:
-        integer("budget", budget, 0)
-        integer("max_depth", max_depth, 1)
-        integer("min_match", min_match, 1)
-        if depth_factor is not None:
-            number("depth_factor", depth_factor, finite=False)
-            if depth_factor <= 0:
-                raise ConfigError(f"`depth_factor` must be > 0 or None; got {depth_factor}.")
-        check_learning(decay, prior_strength)
+        self.options = SuffixOptions(
+            budget=budget,
+            max_depth=max_depth,
+            depth_factor=depth_factor,
+            min_match=min_match,
+            prior_strength=prior_strength,
+            decay=decay,
+        )
         if corpus is not None and not isinstance(corpus, SuffixCorpus):
             raise ConfigError(f"`corpus` must be a SuffixCorpus or None; got {corpus!r}.")
         self.budget, self.max_depth, self.min_match = budget, max_depth, min_match

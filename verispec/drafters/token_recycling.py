@@ -49,11 +49,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import attrs
 import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
-from verispec.core.validate import integer
+from verispec.core.validate import integer, option
 from verispec.drafters.templates import TemplateSpec, resolve_template
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.kernels import ops, reference
@@ -61,6 +62,7 @@ from verispec.kernels.backend import backend_for, require_triton
 
 __all__ = [
     "TokenRecycling",
+    "TokenRecyclingOptions",
     "row_topk",
     "row_topk_scored",
 ]
@@ -136,6 +138,16 @@ def row_topk_scored(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     return indices, (values.float() - norm).exp_().clamp_(max=1.0)
 
 
+@attrs.frozen
+class TokenRecyclingOptions:
+    """TokenRecycling's scalar parameters, checked (the one description of them)."""
+
+    k: int = option(8, integer, 1, high=1024, help="candidates kept per token (K)")
+    prune_unknown: bool = option(
+        True, kind="bool", spec="prune", help="leave never-observed slots out of the tree"
+    )
+
+
 class TokenRecycling:
     """Token Recycling drafter (Luo et al., ACL 2025).
 
@@ -168,7 +180,7 @@ class TokenRecycling:
         vocab_size: int | None = None,
         kernels: str = "auto",
     ) -> None:
-        integer("k", k, 1, high=1024)
+        self.options = TokenRecyclingOptions(k=k, prune_unknown=prune_unknown)
         self.k = k
         self.kernels = require_triton(kernels)
         self.template = resolve_template(template, k)
