@@ -120,8 +120,8 @@ def test_a_method_without_parameters_says_so() -> None:
     ("text", "message"),
     [
         ("tr:k=four", "must be an integer"),
-        ("tr:k=0", "must be >= 1"),
-        ("tr:k=2000", "must be <= 1024"),
+        ("tr:k=0", r"`tr:k` must be an integer in \[1, 1024\]; got 0"),
+        ("tr:k=2000", r"`tr:k` must be an integer in \[1, 1024\]; got 2000"),
         ("tr:template=7", "must be one of"),
         ("tr:prune=maybe", "true or false"),
         ("tr:k", "written `key=value`"),

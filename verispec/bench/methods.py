@@ -41,8 +41,18 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from verispec.bench.registry import MethodEntry, Param
+from verispec.bench.registry import (
+    MethodEntry,
+    Param,
+    option_defaults,
+    option_names,
+    option_params,
+)
 from verispec.bench.runner import BenchContext, EngineRunner, HFRunner, MethodRunner
+from verispec.drafters.dynamic_token_recycling import DynamicTokenRecyclingOptions
+from verispec.drafters.prompt_lookup import PromptLookupOptions
+from verispec.drafters.suffix import SuffixOptions
+from verispec.drafters.token_recycling import TokenRecyclingOptions
 from verispec.errors import ConfigError
 
 __all__ = ["METHODS", "availability", "drafter_class"]
@@ -148,14 +158,6 @@ def _model_free(module: str, name: str, rename: dict[str, str] | None = None) ->
     return make
 
 
-def _int_or_auto(text: str) -> int | str:
-    if text == "auto":
-        return text
-    if text.isdigit():
-        return int(text)
-    raise ValueError("an integer >= 0 or `auto`")
-
-
 def _drafter_dtr(target: Any, params: dict[str, Any], draft_model: Any = None) -> Any:
     _no_draft_model("dtr", draft_model)
     _needs_target("dtr", target, "its vocabulary size and, for budget=auto, its latency")
@@ -186,12 +188,12 @@ def _drafter_suffix(target: Any, params: dict[str, Any], draft_model: Any = None
     return drafter_class("suffix", "SuffixDrafter")(corpus=corpus, **kwargs)
 
 
-def _with_corpus_cap(native: Callable) -> Callable:
-    """``native``'s defaults plus the corpus's default cap (``corpus_tokens``)."""
+def _with_corpus_cap(options: type) -> Callable:
+    """The drafter's option defaults plus the corpus's default cap (``corpus_tokens``)."""
 
     def defaults() -> dict[str, Any]:
         cap = drafter_class("suffix_corpus", "DEFAULT_CORPUS_TOKENS")
-        return {**native(), "corpus_tokens": cap}
+        return {**option_defaults(options), "corpus_tokens": cap}
 
     return defaults
 
@@ -395,7 +397,7 @@ _DRAFT_LAYERS = Param(
 _BRANCHING = Param("branching", tuple, None, "children per node at each level, e.g. 4.2.2", 1)
 _BUDGET = Param("budget", int, None, "cap on the tree size (nodes)", 1)
 _DRAFT_NOTE = "draft: a self-draft running `draft_layers` of the target's layers, or --draft-model"
-_PLD = _model_free("prompt_lookup", "PromptLookup", rename={"max": "max_tokens"})
+_PLD = _model_free("prompt_lookup", "PromptLookup", rename=option_names(PromptLookupOptions))
 _CHAIN = _draft_model("chain", "Chain", "chain")
 _SPECINFER = _draft_model("specinfer", "SpecInferTree", "specinfer")
 _RSDC = _draft_model("rsd_constant", "RSDConstant", "rsdc")
@@ -445,69 +447,50 @@ def _entries() -> list[MethodEntry]:
                 Param(
                     "template", str, "2.2.2", "tree template (80 = 2.2.2)", choices=_TR_TEMPLATES
                 ),
-                Param("k", int, 8, "candidates kept per token (K)", 1, 1024),
-                Param("prune", bool, True, "leave never-observed slots out of the tree"),
+                *option_params(TokenRecyclingOptions, ("k", "prune")),
             ),
             _engine(_drafter_tr),
             _class_available("token_recycling", "TokenRecycling"),
-            _native("token_recycling", "TokenRecycling"),
+            lambda: option_defaults(TokenRecyclingOptions),
             drafter=_drafter_tr,
         ),
         MethodEntry(
             "dtr",
             "Dynamic Token Recycling: calibrated dynamic tree, budget per device, PLD/suffix",
             (
-                Param(
-                    "budget",
-                    str,
-                    None,
-                    "nodes per step, or auto (latency table)",
-                    convert=_int_or_auto,
-                    shown_kind="int|auto",
-                ),
-                Param("k", int, None, "candidates recycled per token (K)", 1, 1024),
-                Param("fusion", bool, None, "add prompt-lookup candidates"),
-                Param("suffix", bool, None, "add suffix-match candidates (context + corpus)"),
+                *option_params(DynamicTokenRecyclingOptions, ("budget", "k", "fusion", "suffix")),
                 _CORPUS_TOKENS,
-                Param("max_budget", int, None, "most nodes `auto` may choose", 1),
-                Param("max_depth", int, None, "deepest node considered", 1),
-                Param("decay", float, None, "per-step forgetting of the calibration", 0, 1),
+                *option_params(DynamicTokenRecyclingOptions, ("max_budget", "max_depth", "decay")),
             ),
             _engine(_drafter_dtr),
             _class_available("dynamic_token_recycling", "DynamicTokenRecycling"),
-            _with_corpus_cap(_native("dynamic_token_recycling", "DynamicTokenRecycling")),
+            _with_corpus_cap(DynamicTokenRecyclingOptions),
             drafter=_drafter_dtr,
         ),
         MethodEntry(
             "pld",
             "prompt lookup: n-gram matches in the context, as a tree of candidates",
-            (
-                Param("max", int, None, "most draft nodes per step (max_tokens)", 1),
-                Param("min_ngram", int, None, "shortest suffix matched", 1),
-                Param("max_ngram", int, None, "longest suffix matched", 1),
-                Param("max_matches", int, None, "earlier occurrences merged per step", 1),
-                Param("tree", bool, None, "a tree of continuations (false: one chain)"),
-                Param("acceptance", float, None, "assumed acceptance, splits depth/branches", 0, 1),
+            option_params(
+                PromptLookupOptions,
+                ("max", "min_ngram", "max_ngram", "max_matches", "tree", "acceptance"),
             ),
             _engine(_PLD),
             _class_available("prompt_lookup", "PromptLookup"),
-            _native("prompt_lookup", "PromptLookup", rename={"max": "max_tokens"}),
+            lambda: option_defaults(PromptLookupOptions),
             drafter=_PLD,
         ),
         MethodEntry(
             "suffix",
             "suffix automaton over the context and a corpus of earlier answers, as a tree",
             (
-                Param("budget", int, None, "most draft nodes per step", 0),
-                Param("max_depth", int, None, "deepest node considered", 1),
-                Param("depth_factor", float, None, "cap: depth <= depth_factor x match length", 0),
-                Param("min_match", int, None, "shortest suffix match used", 1),
-                Param("decay", float, None, "per-step forgetting of the calibration", 0, 1),
+                *option_params(
+                    SuffixOptions, ("budget", "max_depth", "depth_factor", "min_match", "decay")
+                ),
                 _CORPUS_TOKENS,
             ),
             _engine(_drafter_suffix),
             _class_available("suffix", "SuffixDrafter"),
-            _with_corpus_cap(_native("suffix", "SuffixDrafter")),
+            _with_corpus_cap(SuffixOptions),
             drafter=_drafter_suffix,
         ),
         MethodEntry(

@@ -9,7 +9,9 @@ previous spec, so ``--methods ar,hf,tr:template=16,k=4,pld:max=10`` reads as
 Each method is one :class:`MethodEntry`: its name, a one-line summary, its
 parameters (:class:`Param`: a type, a default, bounds or choices) and a factory
 that builds a runner once the model is loaded. The entries themselves live in
-:mod:`verispec.bench.methods`.
+:mod:`verispec.bench.methods`. A drafter's parameters are not declared here: they are
+read from the drafter's options (:func:`option_params`, fields made with
+:func:`verispec.core.validate.option`), whose checks, defaults and help they use.
 """
 
 from __future__ import annotations
@@ -20,9 +22,19 @@ from typing import Any
 
 import attrs
 
+from verispec.core.validate import check_option
 from verispec.errors import ConfigError
 
-__all__ = ["MethodEntry", "MethodSpec", "Param", "parse_method", "parse_methods"]
+__all__ = [
+    "MethodEntry",
+    "MethodSpec",
+    "Param",
+    "option_defaults",
+    "option_names",
+    "option_params",
+    "parse_method",
+    "parse_methods",
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -44,6 +56,8 @@ class Param:
         convert: for ``str`` parameters, a function that turns the text into the value
             or raises ``ValueError`` with the reason (e.g. "an integer or auto").
         shown_kind: the type as ``verispec methods`` shows it, when ``kind`` says too little.
+        option: the drafter's options field this parameter sets: its check validates the
+            typed value, and its allowed range is shown (instead of ``minimum``/``maximum``).
     """
 
     name: str
@@ -55,6 +69,7 @@ class Param:
     choices: tuple[str, ...] | None = None
     convert: Callable[[str], Any] | None = None
     shown_kind: str | None = None
+    option: Any = None
 
     def parse(self, text: str, method: str) -> Any:
         """The typed value of ``text``; raises :class:`ConfigError` naming ``method``."""
@@ -97,9 +112,13 @@ class Param:
                 raise ConfigError(f"{where} must not be empty.")
             if self.convert is not None:
                 try:
-                    return self.convert(value)
+                    value = self.convert(value)
                 except ValueError as exc:
                     raise ConfigError(f"{where} must be {exc}; got {text!r}.") from None
+            if self.option is None:
+                return value
+        if self.option is not None:
+            check_option(self.option, where.strip("`"), value)
             return value
         self._check_bounds(value, where, text)
         return value
@@ -116,7 +135,9 @@ class Param:
         if self.choices:
             kind = "|".join(self.choices)
         bounds = ""
-        if self.minimum is not None and self.maximum is not None:
+        if self.option is not None and self.option.metadata["range"]:
+            bounds = " " + self.option.metadata["range"]
+        elif self.minimum is not None and self.maximum is not None:
             bounds = f" in [{self.minimum:g}, {self.maximum:g}]"
         elif self.minimum is not None:
             bounds = f" >= {self.minimum:g}"
@@ -282,3 +303,53 @@ def parse_methods(
         if label in labels[:i]:
             raise ConfigError(f"method `{label}` is listed twice.")
     return specs
+
+
+def _auto_or_int(shown: str) -> Callable[[str], int | str]:
+    def convert(text: str) -> int | str:
+        if text == "auto":
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"an integer {shown} or `auto`") from None
+
+    return convert
+
+
+_KIND = {"int": int, "float": float, "bool": bool}
+
+
+def _spec_name(field: Any) -> str:
+    return field.metadata.get("spec") or field.name
+
+
+def option_params(options: type, names: Sequence[str]) -> tuple[Param, ...]:
+    """The parameters ``names`` (spec names) of a drafter's options class, in that order.
+
+    Each takes its type, help and check from the options field; its default is ``None``
+    (the drafter's own: :func:`option_defaults`).
+    """
+    fields = {_spec_name(f): f for f in attrs.fields(options)}
+    params = []
+    for name in names:
+        field = fields[name]
+        kind = field.metadata["kind"]
+        if kind == "int|auto":
+            params.append(
+                Param(name, str, None, field.metadata["help"],
+                      convert=_auto_or_int(field.metadata["range"]), shown_kind=kind, option=field)
+            )  # fmt: skip
+        else:
+            params.append(Param(name, _KIND[kind], None, field.metadata["help"], option=field))
+    return tuple(params)
+
+
+def option_defaults(options: type) -> dict[str, Any]:
+    """The defaults of a drafter's options, by spec name."""
+    return {_spec_name(f): f.default for f in attrs.fields(options)}
+
+
+def option_names(options: type) -> dict[str, str]:
+    """Spec name -> constructor keyword, where they differ (``max`` -> ``max_tokens``)."""
+    return {_spec_name(f): f.name for f in attrs.fields(options) if _spec_name(f) != f.name}
