@@ -7,8 +7,8 @@ method and parameter,
 the texts of :func:`_texts` (the default, the bounds, one past each bound, and values of
 the wrong kind). For each spec the record holds what parsing gave (the label and every
 parameter, typed) or the error (its type and the parameter its message names), and,
-for the model-free drafters, whether building the drafter for a small target accepted
-it or which named error refused it. Regenerate only on purpose:
+for verispec's drafters, whether building the drafter for a small target (and a small
+draft model) accepted it or which named error refused it. Regenerate only on purpose:
 ``python proofs_tests/bench/test_method_specs.py``.
 """
 
@@ -29,6 +29,7 @@ from verispec.models.markov import MarkovModel
 
 _DATA = Path(__file__).parent / "data" / "method_specs.json"
 _BUILT = ("tr", "dtr", "pld", "suffix")  # model-free drafters: built for a small target
+_DRAFTED = ("chain", "specinfer", "dyspec", "rsdc", "rsds")  # built with a small draft too
 _PROBES = ("", "x", "-1", "0", "1", "1.5", "2", "auto", "true", "no", "2.2.2", "4.0.2", "1e400")
 
 
@@ -64,10 +65,11 @@ def _outcome(name: str, spec: str) -> dict[str, Any]:
         "label": parsed.label,
         "params": {k: _value(v) for k, v in sorted(parsed.params.items())},
     }
-    if name in _BUILT and parsed.params.get("budget") != "auto":
+    if name in _BUILT + _DRAFTED and parsed.params.get("budget") != "auto":
         target = MarkovModel(torch.zeros(16, 16))
+        draft = MarkovModel(torch.zeros(16, 16)) if name in _DRAFTED else None
         try:
-            METHODS[name].drafter(target, parsed.params, None)  # type: ignore[misc]
+            METHODS[name].drafter(target, parsed.params, draft)  # type: ignore[misc]
             got["built"] = True
         except Exception as exc:
             got["build_error"] = type(exc).__name__
@@ -103,7 +105,7 @@ def _meaning(outcome: dict[str, Any]) -> tuple[Any, ...]:
 def test_every_listed_spec_means_what_it_meant(method: str) -> None:
     """For one method of ``verispec methods``, every recorded spec (each parameter at its
     default, bounds, one past them, and values of the wrong kind) is accepted with the same
-    label and typed parameters (and, for the model-free drafters, builds), or is refused
+    label and typed parameters (and, for verispec's drafters, builds), or is refused
     with the same error naming the same parameter, whether parsing or building refuses
     it (a drafter's own check now also runs when its spec is parsed)."""
     recorded = {s: o for s, o in _recorded().items() if s.split(":")[0] == method}

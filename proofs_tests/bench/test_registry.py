@@ -130,7 +130,7 @@ def test_a_method_without_parameters_says_so() -> None:
         ("specinfer:branching=4.two", "integers separated by dots"),
         ("specinfer:branching=4.0.2", "must be >= 1"),
         ("dyspec:threshold=nan", "must be finite"),
-        ("dyspec:threshold=1.5", "must be <= 1"),
+        ("dyspec:threshold=1.5", r"`dyspec:threshold` must be in \(0, 1\)"),
         (":k=3", "must start with a method name"),
     ],
 )

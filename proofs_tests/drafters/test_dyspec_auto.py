@@ -327,6 +327,6 @@ def test_bench_spec_builds_auto_with_the_targets_table(
     assert drafter.latency is not None and drafter.latency.key == device_key(target)
     assert len(list((tmp_path / "latency").glob("*.json"))) == 1
     for bad in ("0", "lots"):
-        with pytest.raises(ConfigError, match="integer >= 1 or `auto`"):
+        with pytest.raises(ConfigError, match=r"`dyspec:budget` must be an integer >= 1 or .auto."):
             parse_method(f"dyspec:budget={bad}", METHODS)
     assert math.isfinite(float(drafter.latency.at(8)))

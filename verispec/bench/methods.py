@@ -1,9 +1,13 @@
 """The benchmark's methods: every drafter in the library and the peers users would pick.
 
 Each entry maps a spec name to typed parameters and a factory (see
-:mod:`verispec.bench.registry`). Drafter classes are imported lazily, when a
-method is checked or built, so a method whose module is not installed reports
-"not available" instead of breaking the others.
+:mod:`verispec.bench.registry`). The parameters of verispec's drafters are their
+options (``TokenRecyclingOptions``, ``DySpecOptions``...: type, check, default, help,
+written once in the drafter's module); only what the benchmark adds is declared here
+(Token Recycling's named templates, the suffix corpus cap, the self-draft's layers) and
+the peers' parameters. Drafter classes are looked up when a method is checked or
+built, so a method whose module is missing reports "not available" instead of
+breaking the others.
 
 ========================  =======================================================
 ``ar``                    verispec's engine with no drafter (one token per forward)
@@ -37,7 +41,6 @@ Each of verispec's own methods has a drafter factory (``MethodEntry.drafter``), 
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -49,8 +52,12 @@ from verispec.bench.registry import (
     option_params,
 )
 from verispec.bench.runner import BenchContext, EngineRunner, HFRunner, MethodRunner
+from verispec.drafters._draft_model import LevelwiseOptions
+from verispec.drafters.chain import ChainOptions
 from verispec.drafters.dynamic_token_recycling import DynamicTokenRecyclingOptions
+from verispec.drafters.dyspec import DySpecOptions
 from verispec.drafters.prompt_lookup import PromptLookupOptions
+from verispec.drafters.rsd_beam import RSDStochasticBeamOptions
 from verispec.drafters.suffix import SuffixOptions
 from verispec.drafters.token_recycling import TokenRecyclingOptions
 from verispec.errors import ConfigError
@@ -86,21 +93,6 @@ def _class_available(module: str, name: str) -> Callable[[], str | None]:
         return None
 
     return check
-
-
-def _native(module: str, name: str, rename: dict[str, str] | None = None) -> Callable:
-    """The constructor defaults of ``verispec.drafters.<module>.<name>``, by parameter name."""
-
-    def defaults() -> dict[str, Any]:
-        cls = drafter_class(module, name)
-        back = {v: k for k, v in (rename or {}).items()}
-        found = {}
-        for param in inspect.signature(cls.__init__).parameters.values():
-            if param.default is not inspect.Parameter.empty:
-                found[back.get(param.name, param.name)] = param.default
-        return found
-
-    return defaults
 
 
 def _kwargs(params: dict[str, Any], rename: dict[str, str] | None = None) -> dict[str, Any]:
@@ -265,14 +257,6 @@ def _draft_model(module: str, name: str, method: str) -> Callable:
     return make
 
 
-def _positive_int_or_auto(text: str) -> int | str:
-    if text == "auto":
-        return text
-    if text.isdigit() and int(text) >= 1:
-        return int(text)
-    raise ValueError("an integer >= 1 or `auto`")
-
-
 def _drafter_dyspec(target: Any, params: dict[str, Any], draft_model: Any = None) -> Any:
     params = dict(params)
     if params["budget"] is None and params["threshold"] is None:
@@ -394,8 +378,7 @@ _DRAFT_LAYERS = Param(
     convert=_layers,
     shown_kind="int|ranges",
 )
-_BRANCHING = Param("branching", tuple, None, "children per node at each level, e.g. 4.2.2", 1)
-_BUDGET = Param("budget", int, None, "cap on the tree size (nodes)", 1)
+_LEVELWISE = option_params(LevelwiseOptions, ("branching", "budget"))
 _DRAFT_NOTE = "draft: a self-draft running `draft_layers` of the target's layers, or --draft-model"
 _PLD = _model_free("prompt_lookup", "PromptLookup", rename=option_names(PromptLookupOptions))
 _CHAIN = _draft_model("chain", "Chain", "chain")
@@ -496,19 +479,19 @@ def _entries() -> list[MethodEntry]:
         MethodEntry(
             "chain",
             f"chain speculative decoding (Leviathan et al.); {_DRAFT_NOTE}",
-            (_DRAFT_LAYERS, Param("k", int, None, "chain length (draft tokens per step)", 1)),
+            (_DRAFT_LAYERS, *option_params(ChainOptions, ("k",))),
             _engine(_CHAIN, drafts_with_model=True),
             _class_available("chain", "Chain"),
-            _native("chain", "Chain"),
+            lambda: option_defaults(ChainOptions),
             drafter=_CHAIN,
         ),
         MethodEntry(
             "specinfer",
             f"SpecInfer tree of i.i.d. draft samples; {_DRAFT_NOTE}",
-            (_DRAFT_LAYERS, _BRANCHING, _BUDGET),
+            (_DRAFT_LAYERS, *_LEVELWISE),
             _engine(_SPECINFER, drafts_with_model=True),
             _class_available("specinfer", "SpecInferTree"),
-            _native("specinfer", "SpecInferTree"),
+            lambda: option_defaults(LevelwiseOptions),
             drafter=_SPECINFER,
         ),
         MethodEntry(
@@ -516,30 +499,20 @@ def _entries() -> list[MethodEntry]:
             f"DySpec greedy dynamic tree (Alg. 1: budget; Alg. 2: threshold); {_DRAFT_NOTE}",
             (
                 _DRAFT_LAYERS,
-                Param(
-                    "budget",
-                    str,
-                    None,
-                    "tree size m (16 when no threshold is given), or auto (latency table)",
-                    convert=_positive_int_or_auto,
-                    shown_kind="int|auto",
-                ),
-                Param("threshold", float, None, "expand every slot with value > t", 0, 1),
-                Param("max_depth", int, None, "cap on the tree depth", 1),
-                Param("max_budget", int, None, "most nodes `budget=auto` may grow", 1),
+                *option_params(DySpecOptions, ("budget", "threshold", "max_depth", "max_budget")),
             ),
             _engine(_drafter_dyspec, drafts_with_model=True),
             _class_available("dyspec", "DySpec"),
-            _native("dyspec", "DySpec"),
+            lambda: option_defaults(DySpecOptions),
             drafter=_drafter_dyspec,
         ),
         MethodEntry(
             "rsdc",
             f"RSD-C, constant branching, draws without replacement; {_DRAFT_NOTE}",
-            (_DRAFT_LAYERS, _BRANCHING, _BUDGET),
+            (_DRAFT_LAYERS, *_LEVELWISE),
             _engine(_RSDC, drafts_with_model=True),
             _class_available("rsd_constant", "RSDConstant"),
-            _native("rsd_constant", "RSDConstant"),
+            lambda: option_defaults(LevelwiseOptions),
             drafter=_RSDC,
         ),
         MethodEntry(
@@ -547,13 +520,11 @@ def _entries() -> list[MethodEntry]:
             f"RSD-S, stochastic beam search; {_DRAFT_NOTE}",
             (
                 _DRAFT_LAYERS,
-                Param("width", int, None, "beam width W", 1),
-                Param("depth", int, None, "tree depth L", 1),
-                _BUDGET,
+                *option_params(RSDStochasticBeamOptions, ("width", "depth", "budget")),
             ),
             _engine(_RSDS, drafts_with_model=True),
             _class_available("rsd_beam", "RSDStochasticBeam"),
-            _native("rsd_beam", "RSDStochasticBeam"),
+            lambda: option_defaults(RSDStochasticBeamOptions),
             drafter=_RSDS,
         ),
         MethodEntry(

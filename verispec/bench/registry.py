@@ -335,7 +335,9 @@ def option_params(options: type, names: Sequence[str]) -> tuple[Param, ...]:
     for name in names:
         field = fields[name]
         kind = field.metadata["kind"]
-        if kind == "int|auto":
+        if kind == "ints":  # each integer bounded when parsed, the whole by the drafter
+            params.append(Param(name, tuple, None, field.metadata["help"], 1, option=field))
+        elif kind == "int|auto":
             params.append(
                 Param(name, str, None, field.metadata["help"],
                       convert=_auto_or_int(field.metadata["range"]), shown_kind=kind, option=field)

@@ -42,6 +42,7 @@ __all__ = [
     "interval",
     "number",
     "option",
+    "or_none",
 ]
 
 
@@ -134,15 +135,10 @@ def number(
     *,
     strict: bool = False,
     finite: bool = True,
-    none: bool = False,
     note: str = "",
-) -> float | None:
+) -> float:
     """``value`` if it is a real number (not a bool) ``>= low`` (``> low`` when ``strict``),
-    and finite unless ``finite=False``; ``None`` too when ``none``; else
-    :class:`ConfigError`. NaN never passes."""
-    if none and value is None:
-        return None
-    note = note or (" or None" if none else "")
+    and finite unless ``finite=False``; else :class:`ConfigError`. NaN never passes."""
     real = isinstance(value, int | float) and not isinstance(value, bool)
     if (
         not real
@@ -171,11 +167,23 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
-def integer_or_auto(name: str, value: Any, low: int) -> int | str:
+def integer_or_auto(name: str, value: Any, low: int, *, note: str = "") -> int | str:
     """``"auto"``, or an integer ``>= low`` (:func:`integer`)."""
     if value == "auto":
         return "auto"
-    return integer(name, value, low, note=" or 'auto'")
+    return integer(name, value, low, note=" or 'auto'" + note)
+
+
+def or_none(check: Callable[..., Any]) -> Callable[..., Any]:
+    """``check`` that also accepts ``None`` (and says so in its message)."""
+
+    def check_or_none(name: str, value: Any, *args: Any, note: str = "", **kwargs: Any) -> Any:
+        if value is None:
+            return None
+        return check(name, value, *args, note=" or None" + note, **kwargs)
+
+    check_or_none.wrapped = check  # type: ignore[attr-defined]
+    return check_or_none
 
 
 _KINDS: dict[Any, str] = {integer: "int", interval: "float", number: "float", boolean: "bool"}
@@ -185,6 +193,7 @@ _KINDS[integer_or_auto] = "int|auto"
 def _range(check: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """The allowed range a check with these arguments enforces, as ``verispec methods``
     shows it: ``>= 1``, ``in [1, 1024]``, ``in (0, 1]``, ``> 0``."""
+    check = getattr(check, "wrapped", check)
     if check in (integer, integer_or_auto):
         low = args[0] if args else None
         return bounds(low, high=kwargs.get("high"), below=kwargs.get("below"))
@@ -229,7 +238,7 @@ def option(
         metadata={
             "help": help,
             "spec": spec,
-            "kind": kind or _KINDS[check],
+            "kind": kind or _KINDS[getattr(check, "wrapped", check)],
             "range": _range(check, args, kwargs),
             "check": None if check is None else (check, args, kwargs),
         },

@@ -27,11 +27,12 @@ import abc
 import array
 from typing import ClassVar
 
+import attrs
 import torch
 
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw
 from verispec.core.types import DecodeState, LanguageModel, StepOutcome
-from verispec.core.validate import integer
+from verispec.core.validate import integer, option, or_none
 from verispec.drafters._draws import (
     processed_probs,
     race_keys,
@@ -42,6 +43,7 @@ from verispec.errors import ConfigError
 
 __all__ = [
     "DraftModelDrafter",
+    "LevelwiseOptions",
     "LevelwiseDrafter",
     "draft_generator",
     "processed_probs",
@@ -171,6 +173,19 @@ class DraftModelDrafter:
         return torch.frombuffer(nodes, dtype=torch.int64).view(2, -1)
 
 
+@attrs.frozen(kw_only=True)
+class LevelwiseOptions:
+    """The parameters of the level-by-level drafters (SpecInfer, RSD-C), checked."""
+
+    branching: tuple[int, ...] | int = option(
+        (2, 2, 2),
+        branching_factors,
+        kind="ints",
+        help="children per node at each level, e.g. 4.2.2",
+    )
+    budget: int | None = option(None, or_none(integer), 1, help="cap on the tree size (nodes)")
+
+
 class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
     """A tree with constant branching factors, grown one level per draft call.
 
@@ -196,13 +211,14 @@ class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
         budget: int | None = None,
     ) -> None:
         super().__init__(draft)
+        self.options = LevelwiseOptions(branching=branching, budget=budget)
         self.branching = branching_factors("branching", branching)
         full = 0
         width = 1
         for b in self.branching:
             width *= b
             full += width
-        self.budget = full if budget is None else min(full, integer("budget", budget, 1))
+        self.budget = full if budget is None else min(full, budget)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(branching={self.branching}, budget={self.budget})"

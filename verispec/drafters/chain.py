@@ -13,13 +13,22 @@ temperature 0), see :mod:`verispec.drafters._draws`.
 
 from __future__ import annotations
 
+import attrs
+
 from verispec.core.tree import DETERMINISTIC, IID, DraftTree, ProposalLaw
 from verispec.core.types import DecodeState, LanguageModel
-from verispec.core.validate import integer
+from verispec.core.validate import integer, option
 from verispec.drafters._draft_model import DraftModelDrafter, draft_generator
 from verispec.drafters._draws import argmax_one, processed_probs, sample_one
 
-__all__ = ["Chain"]
+__all__ = ["Chain", "ChainOptions"]
+
+
+@attrs.frozen(kw_only=True)
+class ChainOptions:
+    """Chain's parameters, checked."""
+
+    k: int = option(4, integer, 1, help="chain length (draft tokens per step)")
 
 
 class Chain(DraftModelDrafter):
@@ -32,7 +41,8 @@ class Chain(DraftModelDrafter):
 
     def __init__(self, draft: LanguageModel, *, k: int = 4) -> None:
         super().__init__(draft)
-        self.k = integer("k", k, 1)
+        self.options = ChainOptions(k=k)
+        self.k = k
 
     def __repr__(self) -> str:
         return f"Chain(k={self.k})"

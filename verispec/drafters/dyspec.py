@@ -68,11 +68,12 @@ import heapq
 import itertools
 from collections.abc import Callable
 
+import attrs
 import torch
 
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw, WithoutReplacement
 from verispec.core.types import DecodeState, LanguageModel
-from verispec.core.validate import integer, interval
+from verispec.core.validate import integer, integer_or_auto, interval, option, or_none
 from verispec.drafters._draft_model import (
     DraftModelDrafter,
     draft_generator,
@@ -82,7 +83,7 @@ from verispec.drafters._draft_model import (
 from verispec.drafters.budget import LatencyTable
 from verispec.errors import ConfigError
 
-__all__ = ["DySpec"]
+__all__ = ["DySpec", "DySpecOptions"]
 
 _THRESHOLD_DEFAULT_BUDGET = 128
 
@@ -104,6 +105,28 @@ def _stops_at(n: int, total: float, next_value: float, seconds: list[float]) -> 
     return all(
         (1.0 + total + k * next_value) / seconds[n + k] <= rate for k in range(1, len(seconds) - n)
     )
+
+
+@attrs.frozen(kw_only=True)
+class DySpecOptions:
+    """DySpec's parameters, checked."""
+
+    budget: int | str | None = option(
+        None,
+        or_none(integer_or_auto),
+        1,
+        help="tree size m (16 when no threshold is given), or auto (latency table)",
+    )
+    threshold: float | None = option(
+        None,
+        or_none(interval),
+        0,
+        1,
+        note=" (slot values are probabilities: t >= 1 expands nothing and t <= 0 never stops)",
+        help="expand every slot with value > t",
+    )
+    max_depth: int | None = option(None, or_none(integer), 1, help="cap on the tree depth")
+    max_budget: int = option(64, integer, 1, help="most nodes `budget=auto` may grow")
 
 
 class DySpec(DraftModelDrafter):
@@ -146,6 +169,9 @@ class DySpec(DraftModelDrafter):
         super().__init__(draft)
         if budget is None and threshold is None:
             raise ConfigError("DySpec needs `budget` (Algorithm 1) or `threshold` (Algorithm 2).")
+        self.options = DySpecOptions(
+            budget=budget, threshold=threshold, max_depth=max_depth, max_budget=max_budget
+        )
         self.latency: LatencyTable | None = None
         if budget == "auto":
             if threshold is not None:
@@ -159,28 +185,17 @@ class DySpec(DraftModelDrafter):
                     "`latency=verispec.drafters.budget.latency_for(target)`."
                 )
             self.latency = latency
-            budget = integer("max_budget", max_budget, 1)
-        elif isinstance(budget, str):
-            integer("budget", budget, 1, note=" or 'auto'")
-        if threshold is not None:
-            interval(
-                "threshold",
-                threshold,
-                0,
-                1,
-                note=" (slot values are probabilities: t >= 1 expands nothing and t <= 0 "
-                "never stops)",
-            )
+            budget = max_budget
         self.threshold = None if threshold is None else float(threshold)
         if budget is None:
             budget = _THRESHOLD_DEFAULT_BUDGET
-        size = integer("budget", budget, 1)
+        size = int(budget)
         self.budget: int | str = "auto" if self.latency is not None else size
         self.max_budget = size  # the most nodes a step may hold
         self._seconds: list[float] = []  # T(0..M) for the last cap M and context, with "auto"
         self._seconds_for: tuple[int, int] = (-1, -1)  # (M, context) of _seconds
         self._context = 0  # committed tokens at this step (T grows with it)
-        self.max_depth = None if max_depth is None else integer("max_depth", max_depth, 1)
+        self.max_depth = max_depth
         self.node_values: list[float] = []
         self.next_slot_value = 0.0
         # how a row's draw order is made: Gumbel keys (replaceable in tests)

@@ -34,15 +34,22 @@ order). Draft calls per step: ``L``, batching each level of ``W`` beams.
 
 from __future__ import annotations
 
+import attrs
 import torch
 
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw, WithoutReplacement
 from verispec.core.types import DecodeState, LanguageModel
-from verispec.core.validate import integer
+from verispec.core.validate import integer, option, or_none
 from verispec.drafters._draft_model import DraftModelDrafter, draft_generator
 from verispec.drafters._draws import processed_probs, race_without_replacement, top_indices
 
-__all__ = ["RSDStochasticBeam", "log1mexp", "shifted_gumbels", "stochastic_beam_level"]
+__all__ = [
+    "RSDStochasticBeam",
+    "RSDStochasticBeamOptions",
+    "log1mexp",
+    "shifted_gumbels",
+    "stochastic_beam_level",
+]
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -118,6 +125,15 @@ def stochastic_beam_level(
     return beam, token, best.values, new_log_path, best.values > -torch.inf
 
 
+@attrs.frozen(kw_only=True)
+class RSDStochasticBeamOptions:
+    """RSDStochasticBeam's parameters, checked."""
+
+    width: int = option(4, integer, 1, help="beam width W")
+    depth: int = option(4, integer, 1, help="tree depth L")
+    budget: int | None = option(None, or_none(integer), 1, help="cap on the tree size (nodes)")
+
+
 class RSDStochasticBeam(DraftModelDrafter):
     """RSD-S: a draft tree of width ``W`` and depth ``L`` by Stochastic Beam Search.
 
@@ -132,10 +148,10 @@ class RSDStochasticBeam(DraftModelDrafter):
         self, draft: LanguageModel, *, width: int = 4, depth: int = 4, budget: int | None = None
     ) -> None:
         super().__init__(draft)
-        self.width = integer("width", width, 1)
-        self.depth = integer("depth", depth, 1)
+        self.options = RSDStochasticBeamOptions(width=width, depth=depth, budget=budget)
+        self.width, self.depth = width, depth
         full = self.width * self.depth
-        self.budget = full if budget is None else min(full, integer("budget", budget, 1))
+        self.budget = full if budget is None else min(full, budget)
 
     def __repr__(self) -> str:
         return f"RSDStochasticBeam(width={self.width}, depth={self.depth}, budget={self.budget})"

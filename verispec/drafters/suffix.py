@@ -67,7 +67,7 @@ import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
-from verispec.core.validate import integer, number, option
+from verispec.core.validate import integer, number, option, or_none
 from verispec.drafters.candidates import (
     Calibration,
     CalibrationOptions,
@@ -107,10 +107,9 @@ class SuffixOptions(CalibrationOptions):
     max_depth: int = option(16, integer, 1, help="deepest node considered")
     depth_factor: float | None = option(
         None,
-        number,
+        or_none(number),
         strict=True,
         finite=False,
-        none=True,
         help="cap: depth <= depth_factor x match length",
     )
     min_match: int = option(1, integer, 1, help="shortest suffix match used")
