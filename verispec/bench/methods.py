@@ -180,16 +180,6 @@ def _drafter_suffix(target: Any, params: dict[str, Any], draft_model: Any = None
     return drafter_class("suffix", "SuffixDrafter")(corpus=corpus, **kwargs)
 
 
-def _with_corpus_cap(options: type) -> Callable:
-    """The drafter's option defaults plus the corpus's default cap (``corpus_tokens``)."""
-
-    def defaults() -> dict[str, Any]:
-        cap = drafter_class("suffix_corpus", "DEFAULT_CORPUS_TOKENS")
-        return {**option_defaults(options), "corpus_tokens": cap}
-
-    return defaults
-
-
 _CORPUS_TOKENS = Param(
     "corpus_tokens", int, None, "cap on the suffix corpus (oldest answers evicted)", 1
 )
@@ -378,13 +368,49 @@ _DRAFT_LAYERS = Param(
     convert=_layers,
     shown_kind="int|ranges",
 )
-_LEVELWISE = option_params(LevelwiseOptions, ("branching", "budget"))
+_TEMPLATE = Param("template", str, "2.2.2", "tree template (80 = 2.2.2)", choices=_TR_TEMPLATES)
 _DRAFT_NOTE = "draft: a self-draft running `draft_layers` of the target's layers, or --draft-model"
 _PLD = _model_free("prompt_lookup", "PromptLookup", rename=option_names(PromptLookupOptions))
 _CHAIN = _draft_model("chain", "Chain", "chain")
 _SPECINFER = _draft_model("specinfer", "SpecInferTree", "specinfer")
 _RSDC = _draft_model("rsd_constant", "RSDConstant", "rsdc")
 _RSDS = _draft_model("rsd_beam", "RSDStochasticBeam", "rsds")
+
+
+def _drafter(
+    name: str,
+    summary: str,
+    make: Callable,
+    where: tuple[str, str],
+    options: type,
+    names: tuple[str | Param, ...],
+    *,
+    before: tuple[Param, ...] = (),
+    with_model: bool = False,
+) -> MethodEntry:
+    """The entry of one of verispec's drafters: its parameters are its options' fields
+    ``names`` (a :class:`Param` in ``names`` is the benchmark's own: the corpus cap);
+    draft-model drafters (``with_model``) also take ``draft_layers``."""
+    params = [_DRAFT_LAYERS] if with_model else list(before)
+    for item in names:
+        params += [item] if isinstance(item, Param) else option_params(options, (item,))
+    corpus = _CORPUS_TOKENS in names
+
+    def defaults() -> dict[str, Any]:
+        found = option_defaults(options)
+        if corpus:
+            found["corpus_tokens"] = drafter_class("suffix_corpus", "DEFAULT_CORPUS_TOKENS")
+        return found
+
+    return MethodEntry(
+        name,
+        summary,
+        tuple(params),
+        _engine(make, drafts_with_model=with_model),
+        _class_available(*where),
+        defaults,
+        drafter=make,
+    )
 
 
 def _entries() -> list[MethodEntry]:
@@ -423,109 +449,83 @@ def _entries() -> list[MethodEntry]:
             _build_hf_assist_ee,
             _early_exit_available,
         ),
-        MethodEntry(
+        _drafter(
             "tr",
             "Token Recycling (adjacency matrix + static tree template)",
-            (
-                Param(
-                    "template", str, "2.2.2", "tree template (80 = 2.2.2)", choices=_TR_TEMPLATES
-                ),
-                *option_params(TokenRecyclingOptions, ("k", "prune")),
-            ),
-            _engine(_drafter_tr),
-            _class_available("token_recycling", "TokenRecycling"),
-            lambda: option_defaults(TokenRecyclingOptions),
-            drafter=_drafter_tr,
+            _drafter_tr,
+            ("token_recycling", "TokenRecycling"),
+            TokenRecyclingOptions,
+            ("k", "prune"),
+            before=(_TEMPLATE,),
         ),
-        MethodEntry(
+        _drafter(
             "dtr",
             "Dynamic Token Recycling: calibrated dynamic tree, budget per device, PLD/suffix",
-            (
-                *option_params(DynamicTokenRecyclingOptions, ("budget", "k", "fusion", "suffix")),
-                _CORPUS_TOKENS,
-                *option_params(DynamicTokenRecyclingOptions, ("max_budget", "max_depth", "decay")),
-            ),
-            _engine(_drafter_dtr),
-            _class_available("dynamic_token_recycling", "DynamicTokenRecycling"),
-            _with_corpus_cap(DynamicTokenRecyclingOptions),
-            drafter=_drafter_dtr,
+            _drafter_dtr,
+            ("dynamic_token_recycling", "DynamicTokenRecycling"),
+            DynamicTokenRecyclingOptions,
+            ("budget", "k", "fusion", "suffix", _CORPUS_TOKENS, "max_budget", "max_depth", "decay"),
         ),
-        MethodEntry(
+        _drafter(
             "pld",
             "prompt lookup: n-gram matches in the context, as a tree of candidates",
-            option_params(
-                PromptLookupOptions,
-                ("max", "min_ngram", "max_ngram", "max_matches", "tree", "acceptance"),
-            ),
-            _engine(_PLD),
-            _class_available("prompt_lookup", "PromptLookup"),
-            lambda: option_defaults(PromptLookupOptions),
-            drafter=_PLD,
+            _PLD,
+            ("prompt_lookup", "PromptLookup"),
+            PromptLookupOptions,
+            ("max", "min_ngram", "max_ngram", "max_matches", "tree", "acceptance"),
         ),
-        MethodEntry(
+        _drafter(
             "suffix",
             "suffix automaton over the context and a corpus of earlier answers, as a tree",
-            (
-                *option_params(
-                    SuffixOptions, ("budget", "max_depth", "depth_factor", "min_match", "decay")
-                ),
-                _CORPUS_TOKENS,
-            ),
-            _engine(_drafter_suffix),
-            _class_available("suffix", "SuffixDrafter"),
-            _with_corpus_cap(SuffixOptions),
-            drafter=_drafter_suffix,
+            _drafter_suffix,
+            ("suffix", "SuffixDrafter"),
+            SuffixOptions,
+            ("budget", "max_depth", "depth_factor", "min_match", "decay", _CORPUS_TOKENS),
         ),
-        MethodEntry(
+        _drafter(
             "chain",
             f"chain speculative decoding (Leviathan et al.); {_DRAFT_NOTE}",
-            (_DRAFT_LAYERS, *option_params(ChainOptions, ("k",))),
-            _engine(_CHAIN, drafts_with_model=True),
-            _class_available("chain", "Chain"),
-            lambda: option_defaults(ChainOptions),
-            drafter=_CHAIN,
+            _CHAIN,
+            ("chain", "Chain"),
+            ChainOptions,
+            ("k",),
+            with_model=True,
         ),
-        MethodEntry(
+        _drafter(
             "specinfer",
             f"SpecInfer tree of i.i.d. draft samples; {_DRAFT_NOTE}",
-            (_DRAFT_LAYERS, *_LEVELWISE),
-            _engine(_SPECINFER, drafts_with_model=True),
-            _class_available("specinfer", "SpecInferTree"),
-            lambda: option_defaults(LevelwiseOptions),
-            drafter=_SPECINFER,
+            _SPECINFER,
+            ("specinfer", "SpecInferTree"),
+            LevelwiseOptions,
+            ("branching", "budget"),
+            with_model=True,
         ),
-        MethodEntry(
+        _drafter(
             "dyspec",
             f"DySpec greedy dynamic tree (Alg. 1: budget; Alg. 2: threshold); {_DRAFT_NOTE}",
-            (
-                _DRAFT_LAYERS,
-                *option_params(DySpecOptions, ("budget", "threshold", "max_depth", "max_budget")),
-            ),
-            _engine(_drafter_dyspec, drafts_with_model=True),
-            _class_available("dyspec", "DySpec"),
-            lambda: option_defaults(DySpecOptions),
-            drafter=_drafter_dyspec,
+            _drafter_dyspec,
+            ("dyspec", "DySpec"),
+            DySpecOptions,
+            ("budget", "threshold", "max_depth", "max_budget"),
+            with_model=True,
         ),
-        MethodEntry(
+        _drafter(
             "rsdc",
             f"RSD-C, constant branching, draws without replacement; {_DRAFT_NOTE}",
-            (_DRAFT_LAYERS, *_LEVELWISE),
-            _engine(_RSDC, drafts_with_model=True),
-            _class_available("rsd_constant", "RSDConstant"),
-            lambda: option_defaults(LevelwiseOptions),
-            drafter=_RSDC,
+            _RSDC,
+            ("rsd_constant", "RSDConstant"),
+            LevelwiseOptions,
+            ("branching", "budget"),
+            with_model=True,
         ),
-        MethodEntry(
+        _drafter(
             "rsds",
             f"RSD-S, stochastic beam search; {_DRAFT_NOTE}",
-            (
-                _DRAFT_LAYERS,
-                *option_params(RSDStochasticBeamOptions, ("width", "depth", "budget")),
-            ),
-            _engine(_RSDS, drafts_with_model=True),
-            _class_available("rsd_beam", "RSDStochasticBeam"),
-            lambda: option_defaults(RSDStochasticBeamOptions),
-            drafter=_RSDS,
+            _RSDS,
+            ("rsd_beam", "RSDStochasticBeam"),
+            RSDStochasticBeamOptions,
+            ("width", "depth", "budget"),
+            with_model=True,
         ),
         MethodEntry(
             "llama-cpp",
