@@ -27,7 +27,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from verispec.core.validate import bounds, in_bounds
+from verispec.core.validate import bounds, in_bounds, interval
+from verispec.errors import ConfigError
 
 __all__ = ["DEFAULT_LIMIT", "DEFAULT_METHODS", "build_parser", "main"]
 
@@ -59,19 +60,19 @@ def _int_arg(low: int, below: int | None = None) -> Callable[[str], int]:
 _positive_int, _non_negative_int, _seed = _int_arg(1), _int_arg(0), _int_arg(0, 1 << 64)
 
 
-def _number(low: float, high: float, low_open: bool, high_open: bool, shown: str) -> Any:
-    """An argparse type for a finite float in an interval written ``shown``."""
+def _number(low: float, high: float, closed: Any) -> Callable[[str], float]:
+    """An argparse type: a number in an interval, checked by
+    :func:`verispec.core.validate.interval` (its message, without the argument's name)."""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a number; got {text!r}") from None
-        below = value <= low if low_open else value < low
-        above = value >= high if high_open else value > high
-        if not math.isfinite(value) or below or above:
-            raise argparse.ArgumentTypeError(f"must be in {shown}; got {text}")
-        return value
+        try:
+            return interval("value", value, low, high, closed=closed)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split("` ", 1)[1].rstrip(".")) from None
 
     return parse
 
@@ -254,7 +255,7 @@ def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
     )
     group.add_argument(
         "--temperature",
-        type=_number(0.0, math.inf, False, True, "[0, inf)"),
+        type=_number(0.0, math.inf, "low"),
         default=0.0,
         metavar="T",
         help="0 = greedy (default); > 0 samples",
@@ -268,14 +269,14 @@ def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
     )
     group.add_argument(
         "--top-p",
-        type=_number(0.0, 1.0, True, False, "(0, 1]"),
+        type=_number(0.0, 1.0, "high"),
         default=1.0,
         metavar="P",
         help="sample from the smallest set of tokens with mass >= P (default 1: all)",
     )
     group.add_argument(
         "--min-p",
-        type=_number(0.0, 1.0, False, True, "[0, 1)"),
+        type=_number(0.0, 1.0, "low"),
         default=0.0,
         metavar="P",
         help="drop tokens below P times the most likely one (default 0: none)",
