@@ -20,6 +20,8 @@ It writes ``latency.json`` and ``latency.md`` (and ``steps.png``) into ``--out``
 * **per-step time over a long generation**: ``--steps`` plain decoding steps after a
   short prompt, on the runtime and the adapter, each step timed: the runtime's step time
   should stay flat apart from attention's growth with the context (no cache copy).
+* with ``--compile``, the same for the runtime compiled per bucket (every bucket
+  compiled before the measurement; the compile time is reported beside the table).
 * **peak memory**: the peak resident set of a fresh process that loads the model and
   decodes ``--steps`` tokens, for each target (``VmHWM``).
 
@@ -86,9 +88,13 @@ def latency_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     for threads in args.threads:
         bandwidth = read_bandwidth(threads)
         for dtype in dtypes:
-            for runtime in ("hf", "fast"):
+            for runtime in ("hf", "fast", *(["compiled"] if args.compile else [])):
                 torch.set_num_threads(threads)
-                model, _ = load_default_model(dtype=dtype, runtime=runtime)
+                compiled = runtime == "compiled"
+                model, _ = load_default_model(
+                    dtype=dtype, runtime="fast" if compiled else runtime, compile=compiled
+                )
+                compile_s = model.warm_up() if compiled else None  # every bucket, untimed
                 table = measure_latency(
                     model,
                     [n - 1 for n in sizes],
@@ -101,15 +107,16 @@ def latency_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                 bound_ms = 1e3 * streamed_bytes(model, args.context) / (bandwidth * 1e9)
                 rows.append(
                     {
-                        "target": "runtime (" + model.runtime + ")"
-                        if runtime == "fast"
-                        else "HF adapter (sdpa)",
+                        "target": "HF adapter (sdpa)"
+                        if runtime == "hf"
+                        else "runtime (" + model.runtime + ")",
                         "runtime": runtime,
                         "dtype": str(dtype).replace("torch.", ""),
                         "threads": threads,
                         "bandwidth_gb_s": round(bandwidth, 1),
                         "bound_ms": round(bound_ms, 2),
                         "ms": {str(n): round(ms[n], 2) for n in sizes},
+                        **({"compile_s": round(compile_s, 1)} if compiled else {}),
                     }
                 )
                 print(json.dumps(rows[-1]), file=sys.stderr)
@@ -167,6 +174,13 @@ def render(report: dict[str, Any]) -> str:
             + " | ".join(f"{ms[n]:.1f}" for n in sizes)
             + f" | {ratio:.2f} | {row['bound_ms']:.1f} | {100 * share:.0f} % |"
         )
+    compiles = [r for r in report["latency"] if "compile_s" in r]
+    if compiles:
+        lines += [""] + [
+            f"Compiling every bucket took {r['compile_s']:.0f} s ({r['dtype']}, "
+            f"{r['threads']} thread(s)); not part of any T(n)."
+            for r in compiles
+        ]
     lines += ["", "Read bandwidth (sum over 1 GiB): "]
     seen = {}
     for row in report["latency"]:
@@ -221,6 +235,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=1024)
     parser.add_argument("--quick", action="store_true", help="fewer sizes, 256 steps, no memory")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="add the compiled runtime's T(n) (every bucket compiled first, time reported)",
+    )
     args = parser.parse_args()
     if args.threads is None:
         args.threads = sorted({1, torch.get_num_threads()})
