@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -90,8 +91,13 @@ def test_usage_errors_exit_2_before_loading_the_model(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Bad input prints one clear error line and exits with status 2 (``--kernels triton`` on
-    the CPU with Triton's interpreter off included)."""
+    the CPU with Triton's interpreter off included), before any note about an optional peer
+    that will be skipped (made unavailable here, as on a machine without llama-cpp-python)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+    for name, entry in METHODS.items():
+        if entry.extra is not None:
+            unavailable = attrs.evolve(entry, availability=lambda: "not installed here")
+            monkeypatch.setitem(METHODS, name, unavailable)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err

@@ -598,44 +598,47 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_specs(args: argparse.Namespace) -> list[Any]:
+def _bench_specs(args: argparse.Namespace) -> tuple[list[Any], list[str]]:
+    """The methods to run, and a note for each optional peer skipped (printed by the
+    caller once every other argument has been checked, so an error comes first)."""
     from verispec.bench.methods import METHODS
     from verispec.bench.registry import parse_methods
     from verispec.bench.runner import check_available
 
     texts = args.methods or [DEFAULT_METHODS]
     if [t.strip() for t in texts] == ["all"]:
-        specs = []
+        specs, notes = [], []
         for name, entry in METHODS.items():
             reason = entry.availability()
             if reason is None:
                 specs.extend(parse_methods(name, METHODS))
             else:
-                print(f"verispec: skipping `{name}`: {reason}", file=sys.stderr)
-        return specs
+                notes.append(f"verispec: skipping `{name}`: {reason}")
+        return specs, notes
     specs = parse_methods(texts, METHODS)
-    specs = _skip_optional(specs, lambda spec: METHODS[spec.name].availability())
+    specs, notes = _skip_optional(specs, lambda spec: METHODS[spec.name].availability())
     check_available(specs)
-    return specs
+    return specs, notes
 
 
-def _skip_optional(specs: list[Any], reason_of: Any) -> list[Any]:
+def _skip_optional(specs: list[Any], reason_of: Any) -> tuple[list[Any], list[str]]:
     """``specs`` without the optional peers (``MethodEntry.extra``) that cannot run here,
-    each skipped with a message; ``reason_of(spec)`` says why one cannot (or ``None``)."""
+    and a note naming each one skipped; ``reason_of(spec)`` says why one cannot (or
+    ``None``)."""
     from verispec.bench.methods import METHODS
 
-    kept = []
+    kept, notes = [], []
     for spec in specs:
         reason = reason_of(spec) if METHODS[spec.name].extra is not None else None
         if reason is None:
             kept.append(spec)
         else:
-            print(f"verispec: skipping `{spec.label}`: {reason}", file=sys.stderr)
+            notes.append(f"verispec: skipping `{spec.label}`: {reason}")
     if not kept:
         from verispec.errors import ConfigError
 
         raise ConfigError("no method left to run: every one requested was skipped.")
-    return kept
+    return kept, notes
 
 
 def _bench_runners(context: Any, specs: list[Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -654,7 +657,9 @@ def _bench_runners(context: Any, specs: list[Any]) -> tuple[list[Any], dict[str,
             return str(exc)
         return None
 
-    kept = _skip_optional(specs, build)
+    kept, notes = _skip_optional(specs, build)
+    for note in notes:
+        print(note, file=sys.stderr)
     for spec in kept:  # the verispec methods and required peers, built in order
         if spec.label not in runners:
             runners[spec.label] = METHODS[spec.name].build(context, spec.params)
@@ -671,7 +676,7 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from verispec.errors import ConfigError
 
     # 1. everything a user can get wrong, before the model loads
-    specs = _bench_specs(args)
+    specs, skipped = _bench_specs(args)
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"`--limit` must be >= 1 (questions per category); got {args.limit}.")
     limit = args.limit if args.limit is not None else DEFAULT_LIMIT
@@ -686,6 +691,8 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     kernels = _kernel_scope(args)
     log = _records(args, config, specs, questions, device)
     _check_model_source(args)
+    for note in skipped:  # every argument is good: now say what will not run
+        print(note, file=sys.stderr)
 
     # 2. load and run
     model, tokenizer = _load(args)
