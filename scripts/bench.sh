@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: set up (once), then benchmark verispec's methods against plain decoding,
 # transformers' generate and llama.cpp on the embedded SmolLM2-135M-Instruct, printing a table.
-# The default run (8 methods x 8 answers, one thread) took 4.6 minutes on a 2-core CPU.
+# The default run (8 methods x 8 answers, one thread) took 4.4 minutes on a 2-core CPU.
 # Extra arguments go to `verispec bench` (see `verispec bench --help`).
 # VERISPEC_LLAMACPP=1 also builds the optional llama.cpp peers (llama-cpp-python, from source:
 # a C++ compiler and cmake, ~25 min on 2 cores, once); if that fails the benchmark skips them.

@@ -32,8 +32,8 @@ from verispec.errors import ConfigError
 
 __all__ = ["DEFAULT_LIMIT", "DEFAULT_METHODS", "build_parser", "main"]
 
-# The default run: 8 methods x 8 answers (the shipped prompts, one per category) took 4.6 min
-# on the 2-core CPU this is built on, one thread, other jobs running; the llama-cpp peers are
+# The default run: 8 methods x 8 answers (the shipped prompts, one per category) took 4.4 min
+# on the 2-core CPU this is built on, one thread, nothing else running; the llama-cpp peers are
 # skipped (with a message) where llama-cpp-python is not installed.
 DEFAULT_METHODS = "ar,hf,hf-pld,pld,tr:template=8,dtr,llama-cpp,llama-cpp-pld"
 DEFAULT_LIMIT = 1  # questions per category
