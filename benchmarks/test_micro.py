@@ -311,7 +311,7 @@ def test_model_attention_mask(benchmark: Any, shaped_model: Any, tr_tree: DraftT
     if build is None:
         pytest.skip("the model adapter has no `_attention_mask`")
     tail = torch.cat([torch.ones(N, 1, dtype=torch.bool), tr_tree.ancestor_mask], dim=1)
-    mask = benchmark(build, tail, 512)
+    mask = benchmark(build, tail, 512, N + 1)
     assert mask.shape[-1] == 512 + N + 1
 
 
