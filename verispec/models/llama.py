@@ -186,7 +186,9 @@ def attend(
     weights come from one product (the values carry a column of ones) whose accumulation
     runs over the slots in order. Where the CPU's kernels have that property (checked by
     :func:`verispec.models.runtime.row_invariant_kernels`), a tree node's logits equal, bit
-    for bit, those of decoding its path one token at a time.
+    for bit, those of decoding its path one token at a time, while the attended slots stay
+    within the first 128; beyond, the value product's grouping by slot can change a row's
+    last bits (see docs/runtime.rst).
     """
     start, length = (int(i) for i in where.tolist())
     q_len, heads, head_dim = q.shape

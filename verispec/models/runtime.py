@@ -175,7 +175,10 @@ def row_invariant_kernels(
     and any column count (inner width ``head_dim``); (3) the product of softmax weights
     with the values (``head_dim + 1`` columns) accumulates over the slots so that only
     the order of the nonzero terms matters: not their positions, nor zeros between or
-    after them, for slot counts that are multiples of 128. This checks the three on
+    after them, for slot counts that are multiples of 128, as long as the terms stay in
+    the first block of 128 slots (across blocks the product groups terms by slot: a row
+    whose terms move across slot 128, or whose padded length grows from 256 to 384, can
+    differ in its last bits; docs/runtime.rst). This checks the three on
     random data (tens of milliseconds, once per process and shape) and says whether they
     hold; see docs/runtime.rst. Defaults: SmolLM2-135M's shapes.
     """
@@ -416,7 +419,9 @@ class FastModel(TreeSequenceModel):
     @property
     def row_invariant(self) -> bool:
         """Whether this machine's kernels make every tree row equal sequential decoding, bit
-        for bit, at this model's shapes and dtype (:func:`row_invariant_kernels`)."""
+        for bit, at this model's shapes and dtype (:func:`row_invariant_kernels`), while the
+        sequence and its tree fit in the first 128 cache slots; beyond them rows can differ
+        in their last bits (docs/runtime.rst, "Tree rows and sequential decoding")."""
         args = self.transformer.args
         q_width = args.n_heads * args.head_dim
         return row_invariant_kernels(
