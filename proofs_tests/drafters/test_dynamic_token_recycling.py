@@ -7,13 +7,13 @@ import math
 
 import pytest
 import torch
+from greedy_runs import remembered_greedy_run
 from scipy.stats import chisquare
 
 from verispec import SpeculativeDecoder
 from verispec.core import (
     DecodeState,
     DraftTree,
-    GenerationConfig,
     SamplingParams,
     StepOutcome,
     Verdict,
@@ -32,7 +32,6 @@ from verispec.drafters.suffix_corpus import SuffixCorpus
 from verispec.drafters.token_recycling import row_topk_scored
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.models.markov import MarkovModel
-from verispec.verifiers import Greedy
 from verispec.verifiers._rules import verdict_distribution
 from verispec.verifiers.recursive import RecursiveRejection
 
@@ -414,14 +413,7 @@ def test_greedy_token_identical_on_tiny_llama(tiny, greedy_reference, variant: s
         drafter = DynamicTokenRecycling(8)
     else:
         drafter = DynamicTokenRecycling(16, fusion=False)
-    decoder = SpeculativeDecoder(tiny, drafter, Greedy())
-    config = GenerationConfig(max_new_tokens=40, eos_token_ids=())
-    accepted = 0
-    for prompt in _prompts(10, tiny.vocab_size):
-        result = decoder.generate(prompt, config)
-        assert result.tokens == greedy_reference(prompt, 40)
-        drafter.remember(result.tokens)
-        accepted += sum(s.accepted for s in result.steps)
+    accepted = remembered_greedy_run(tiny, drafter, _prompts(10, tiny.vocab_size), greedy_reference)
     assert accepted > 0
 
 

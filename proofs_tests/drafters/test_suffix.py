@@ -8,11 +8,12 @@ import math
 import pytest
 import torch
 from drafter_states import decode_state
+from greedy_runs import remembered_greedy_run
 from hypothesis import given
 from hypothesis import strategies as st
 
 from verispec import SpeculativeDecoder
-from verispec.core import DraftTree, GenerationConfig, StepOutcome, Verdict
+from verispec.core import DraftTree, StepOutcome, Verdict
 from verispec.core.tree import Deterministic
 from verispec.drafters.suffix import SuffixDrafter, continuation_score
 from verispec.drafters.suffix_corpus import SuffixCorpus
@@ -242,14 +243,7 @@ def test_greedy_token_identical_on_tiny_llama(tiny, greedy_reference) -> None:
     """SuffixDrafter + Greedy produces exactly plain greedy's tokens for 10 prompts, each
     answer remembered in the corpus for the next, and drafts are accepted."""
     drafter = SuffixDrafter(budget=8)
-    decoder = SpeculativeDecoder(tiny, drafter, Greedy())
-    config = GenerationConfig(max_new_tokens=40, eos_token_ids=())
-    accepted = 0
-    for prompt in _prompts(10, tiny.vocab_size):
-        result = decoder.generate(prompt, config)
-        assert result.tokens == greedy_reference(prompt, 40)
-        drafter.remember(result.tokens)
-        accepted += sum(s.accepted for s in result.steps)
+    accepted = remembered_greedy_run(tiny, drafter, _prompts(10, tiny.vocab_size), greedy_reference)
     assert accepted > 0
 
 
