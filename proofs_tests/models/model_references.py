@@ -88,6 +88,24 @@ def tree_reference(model: Model, prompt: Sequence[int], tree: DraftTree) -> torc
     return torch.stack(rows)
 
 
+def decoded_tree_reference(
+    model: FastModel, prompt: Sequence[int], tree: DraftTree
+) -> torch.Tensor:
+    """As :func:`tree_reference` for the runtime, the way greedy decoding (``ar``) computes
+    it: the prompt prefilled in one causal pass, then each path token decoded one at a time.
+    Shape: (N + 1, V)."""
+    view = model.self_draft(model.layer_indices)  # same weights, own cache
+    tokens = tree.tokens.tolist()
+    rows = []
+    for node in [None, *range(tree.num_nodes)]:
+        view.prefill(torch.tensor(prompt))
+        for i in [] if node is None else tree.path_to(node):
+            view.forward_tree(DraftTree.empty())
+            view.commit([], tokens[i])
+        rows.append(view.forward_tree(DraftTree.empty())[0])
+    return torch.stack(rows)
+
+
 def _hf_sequential_cache(model: HFModel, ids: Sequence[int]) -> tuple[torch.Tensor, DynamicCache]:
     cache = DynamicCache(config=model.config)
     rows = []

@@ -13,7 +13,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_references import draft_trees, sequential_logits, tree_reference
+from model_references import (
+    decoded_tree_reference,
+    draft_trees,
+    sequential_logits,
+    tree_reference,
+)
 
 from verispec import SpeculativeDecoder
 from verispec.core import DraftTree
@@ -39,15 +44,21 @@ def fast(
     architecture: str = "llama",
     dtype: torch.dtype = torch.float64,
     hidden_size: int = 32,
+    max_length: int = 256,
     **kwargs: object,
 ) -> FastModel:
     """A tiny random model of ``architecture`` (4 heads over 2 key/value heads) on the runtime,
     cached per arguments."""
-    key = (architecture, dtype, hidden_size, tuple(sorted(kwargs.items())))
+    key = (architecture, dtype, hidden_size, max_length, tuple(sorted(kwargs.items())))
     if key not in _MODELS:
         source_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         hf = tiny_model(
-            architecture, vocab_size=V, seed=1, dtype=source_dtype, hidden_size=hidden_size
+            architecture,
+            vocab_size=V,
+            seed=1,
+            dtype=source_dtype,
+            hidden_size=hidden_size,
+            max_length=max_length,
         ).hf_model
         _MODELS[key] = FastModel(hf, dtype=dtype, **kwargs)  # type: ignore[arg-type]
     return _MODELS[key]
@@ -88,6 +99,43 @@ def test_tree_rows_are_bitwise_sequential(
     model.prefill(torch.tensor(prompt))
     logits = model.forward_tree(tree)
     assert torch.equal(logits, tree_reference(model, prompt, tree))
+
+
+# Prompts that put the tree across the value product's first and second block boundaries
+# (slots 128 and 256), where the tree's slots and sequential decoding's slots of a key fall
+# in different blocks, or the padded attention length differs (256 against 384).
+straddling_prompts = st.one_of(st.integers(100, 127), st.integers(236, 260)).flatmap(
+    lambda n: st.lists(st.integers(0, V - 1), min_size=n, max_size=n)
+)
+
+
+@pytest.mark.parametrize("dtype", _invariant_dtypes(), ids=str)
+@settings(max_examples=10, deadline=None)
+@given(prompt=straddling_prompts, tree=draft_trees(V, max_nodes=30))
+def test_tree_rows_are_bitwise_sequential_across_value_blocks(
+    dtype: torch.dtype, prompt: list[int], tree: DraftTree
+) -> None:
+    """Where the tree straddles slot 128 or 256, each tree row is still bit for bit the row
+    that greedy decoding computes (prompt prefilled, path decoded one token at a time)."""
+    model = fast(dtype=dtype, hidden_size=64, max_length=512)
+    if not model.row_invariant:
+        pytest.skip(f"this machine's {dtype} kernels are not row-invariant (see docs/runtime)")
+    model.prefill(torch.tensor(prompt))
+    logits = model.forward_tree(tree)
+    assert torch.equal(logits, decoded_tree_reference(model, prompt, tree))
+
+
+def test_a_deep_chain_across_a_value_block_is_bitwise_sequential() -> None:
+    """A 12-node chain with 8 siblings of its first node, after a 120-token prompt (the
+    chain's nodes sit in slots 129-140 while greedy decoding has them in 121-132): every row
+    equals greedy decoding bit for bit, in float32."""
+    model = fast(dtype=torch.float32, hidden_size=64)
+    assert model.row_invariant, "this machine's float32 kernels are not row-invariant"
+    prompt = [(7 * i) % V for i in range(120)]
+    parents = [-1] * 9 + [0] + list(range(9, 19))
+    tree = DraftTree.from_parents([(3 * i + 1) % V for i in range(len(parents))], parents)
+    model.prefill(torch.tensor(prompt))
+    assert torch.equal(model.forward_tree(tree), decoded_tree_reference(model, prompt, tree))
 
 
 def test_probe_detects_row_dependent_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -285,7 +333,8 @@ def test_smollm2_greedy_equals_generate(smollm2_hf: tuple) -> None:
 def test_smollm2_drafters_token_identical_to_ar(smollm2_hf: tuple, dtype: torch.dtype) -> None:
     """On SmolLM2, at float32 and at bfloat16 (where native), Token Recycling, dynamic Token
     Recycling and prompt lookup generate exactly the runtime's own greedy tokens (at most 48
-    tokens, 2 prompts), and each accepts drafts."""
+    tokens, 4 prompts: two short ones, two whose generation crosses cache slot 128 and 256),
+    and each accepts drafts."""
     from verispec.drafters import DynamicTokenRecycling, PromptLookup, TokenRecycling
 
     hf_model, tokenizer = smollm2_hf
@@ -294,11 +343,19 @@ def test_smollm2_drafters_token_identical_to_ar(smollm2_hf: tuple, dtype: torch.
         pytest.skip(f"this machine's {dtype} kernels are not row-invariant (see docs/runtime)")
     drafters = [TokenRecycling("16"), DynamicTokenRecycling(), PromptLookup()]
     accepted = [0] * len(drafters)  # drafters keep what they learn across the prompts
-    for text in ("List five fruits and their colours.", "Repeat: the cat sat on the mat."):
+    items = ", ".join(f"item {i}" for i in range(60))
+    long_texts = [f"Sort these by number, largest first: {items[: n * 9]}." for n in (14, 38)]
+    for text in (
+        "List five fruits and their colours.",
+        "Repeat: the cat sat on the mat.",
+        *long_texts,
+    ):
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
         )
         ids = tokenizer.encode(ids)
+        crossed = [b for b in (128, 256) if len(ids) < b < len(ids) + 48]
+        assert len(crossed) == (text in long_texts), (len(ids), crossed)
         plain = SpeculativeDecoder(model, None, Greedy()).generate(ids, max_new_tokens=48)
         for i, drafter in enumerate(drafters):
             result = SpeculativeDecoder(model, drafter, Greedy()).generate(ids, max_new_tokens=48)

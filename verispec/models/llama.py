@@ -50,10 +50,25 @@ from torch.nn import functional as F
 
 from verispec.errors import UnsupportedModelError
 
-__all__ = ["KVCache", "ModelArgs", "Transformer", "attend", "attend_static", "from_hf"]
+__all__ = [
+    "MIN_PRODUCT_ROWS",
+    "VALUE_BLOCK",
+    "KVCache",
+    "ModelArgs",
+    "Transformer",
+    "attend",
+    "attend_static",
+    "from_hf",
+]
 
 _ARCHITECTURES = {"llama", "qwen2", "mistral"}
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables independent of length
+
+VALUE_BLOCK = 128
+"""Keys per block of the attention's value product (see :func:`attend`)."""
+MIN_PRODUCT_ROWS = 4
+"""The fewest rows a product runs on: from there on, a row's result does not depend on the
+row count (checked by :func:`verispec.models.runtime.row_invariant_kernels`)."""
 
 
 @attrs.frozen
@@ -206,9 +221,97 @@ def attend(
     grid[..., visible : visible + width].masked_fill_(~local_mask, float("-inf"))
     grid[..., visible + width :] = float("-inf")
     weights = (scores - scores.amax(-1, keepdim=True)).exp_()  # unnormalised softmax
-    summed = torch.bmm(weights, values)  # (Hkv, G * Q, D + 1); last column: the sums
+    summed = _weighted_values(weights, values, local_mask, start, groups)  # (Hkv, G * Q, D + 1)
     out = (summed[..., :head_dim] / summed[..., head_dim:]).view(kv_heads, groups, q_len, -1)
     return out.permute(2, 0, 1, 3).reshape(q_len, heads * head_dim)
+
+
+def _weighted_values(
+    weights: torch.Tensor, values: torch.Tensor, local_mask: torch.Tensor, start: int, groups: int
+) -> torch.Tensor:
+    """The softmax weights times the values, each row's terms summed in the order and
+    grouping of decoding its token one at a time.
+
+    A query at position ``p`` sees ``p + 1`` keys; sequential decoding has them in slots
+    ``0..p``. Their products are summed per block of :data:`VALUE_BLOCK` keys (one batched
+    product each, whose sum runs over the block's slots in order, zeros adding nothing)
+    and the blocks' sums added left to right. A tree row's keys are the committed slots
+    plus its ancestors, spread among the tree's slots: its k-th visible key is the one
+    sequential decoding has in slot k. Where that moves a key into another block (the
+    tree straddles a block boundary), the row's last blocks are summed again from its
+    visible keys gathered into sequential order.
+
+    Args:
+        weights: Shape: (Hkv, G * Q, S), zero where a query does not look.
+        values: Shape: (Hkv, S, D + 1).
+        local_mask, start: as for :func:`attend` (S = its ``length``).
+
+    Returns:
+        Shape: (Hkv, G * Q, D + 1).
+    """
+    length = values.shape[1]
+    blocks = [
+        torch.bmm(weights[..., first : first + VALUE_BLOCK], values[:, first : first + VALUE_BLOCK])
+        for first in range(0, length, VALUE_BLOCK)
+    ]
+    _resum_straddling_rows(blocks, weights, values, local_mask, start, groups)
+    summed = blocks[0]
+    for block in blocks[1:]:
+        summed = summed + block
+    return summed
+
+
+def _resum_straddling_rows(
+    blocks: list[torch.Tensor],
+    weights: torch.Tensor,
+    values: torch.Tensor,
+    local_mask: torch.Tensor,
+    start: int,
+    groups: int,
+) -> None:
+    """Recompute, in ``blocks``, the block sums of the rows whose visible keys sit in
+    another block than sequential decoding puts them (see :func:`_weighted_values`)."""
+    q_len, width = local_mask.shape
+    first = start + q_len - width  # every slot before it is seen by every query
+    if first // VALUE_BLOCK == (start + q_len - 1) // VALUE_BLOCK:
+        return  # the local slots lie in one block: a key's rank and slot share it
+    seen = local_mask.cumsum(1)  # (Q, W): how many local slots each query sees so far
+    ranks = first + seen - 1  # the slot sequential decoding gives each seen local key
+    slots = first + torch.arange(width, device=local_mask.device)
+    moved = local_mask & (ranks // VALUE_BLOCK != slots // VALUE_BLOCK)
+    rows = moved.any(1).nonzero().flatten()
+    if rows.numel() == 0:
+        return
+    kv_heads, rows_n = weights.shape[0], rows.numel()
+    base = first // VALUE_BLOCK * VALUE_BLOCK
+    span = len(blocks) * VALUE_BLOCK - base
+    # Slot of each row's key of rank base + i, i < span: committed, then the row's local
+    # keys in order; invalid entries point at slot ``base`` with weight zero.
+    index = torch.full((rows_n, span), base, dtype=torch.long, device=weights.device)
+    valid = torch.zeros(rows_n, span, dtype=torch.bool, device=weights.device)
+    index[:, : first - base] = torch.arange(base, first, device=weights.device)
+    valid[:, : first - base] = True
+    row, column = local_mask[rows].nonzero(as_tuple=True)
+    rank = seen[rows][row, column] - 1 + first - base
+    index[row, rank], valid[row, rank] = column + first, True
+    grid = weights.view(kv_heads, groups, q_len, -1)[:, :, rows]  # (Hkv, G, R, S)
+    gathered_w = grid.gather(3, index.expand(kv_heads, groups, rows_n, span))
+    gathered_w = gathered_w.masked_fill_(~valid, 0.0).permute(0, 2, 1, 3)  # (Hkv, R, G, span)
+    gathered_v = values[:, index]  # (Hkv, R, span, D + 1)
+    # As many rows per product as a one-token pass has: pad the G rows with zero rows.
+    padded_rows = max(2, -(-MIN_PRODUCT_ROWS // groups)) * groups
+    padded = gathered_w.new_zeros(kv_heads, rows_n, padded_rows, span)
+    padded[:, :, :groups] = gathered_w
+    padded = padded.view(kv_heads * rows_n, padded_rows, span)
+    gathered_v = gathered_v.view(kv_heads * rows_n, span, -1)
+    positions = (torch.arange(groups, device=weights.device) * q_len)[:, None] + rows  # (G, R)
+    for i in range(span // VALUE_BLOCK):
+        cut = slice(i * VALUE_BLOCK, (i + 1) * VALUE_BLOCK)
+        block = torch.bmm(padded[..., cut], gathered_v[:, cut])[:, :groups]
+        block = block.view(kv_heads, rows_n, groups, -1).transpose(1, 2)  # (Hkv, G, R, D + 1)
+        blocks[base // VALUE_BLOCK + i][:, positions.flatten()] = block.reshape(
+            kv_heads, groups * rows_n, -1
+        )
 
 
 def attend_static(

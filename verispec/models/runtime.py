@@ -41,7 +41,7 @@ from torch import nn
 from verispec.core.validate import integer
 from verispec.errors import ConfigError
 from verispec.models._sequence import TreeSequenceModel, layer_indices
-from verispec.models.llama import KVCache, Transformer, from_hf
+from verispec.models.llama import MIN_PRODUCT_ROWS, VALUE_BLOCK, KVCache, Transformer, from_hf
 
 __all__ = [
     "BUCKETS",
@@ -62,8 +62,7 @@ BUCKETS: tuple[int, ...] = (2, 4, 8, 12, 16, 20, 24, 32, 48, 64)
 _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
 _COMPILED_CAPACITY = 4096  # compiled mode's first allocation (a new capacity recompiles)
 _PREFILL_CHUNK = 512  # prompt tokens per prefill pass (bounds the score matrix)
-_SLOT_ALIGN = 128  # attended slots are padded to a multiple of this (see _feed_once)
-_MIN_PRODUCT_ROWS = 4  # smallest row count of a product whose rows do not depend on it
+_SLOT_ALIGN = VALUE_BLOCK  # attended slots are padded to whole value blocks (see _feed_once)
 
 
 _FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
@@ -173,12 +172,11 @@ def row_invariant_kernels(
     any row count from 2 up (inner widths ``widths``); (2) a batched product's row is the
     same for any row count the attention uses (``groups`` times the padded token count)
     and any column count (inner width ``head_dim``); (3) the product of softmax weights
-    with the values (``head_dim + 1`` columns) accumulates over the slots so that only
-    the order of the nonzero terms matters: not their positions, nor zeros between or
-    after them, for slot counts that are multiples of 128, as long as the terms stay in
-    the first block of 128 slots (across blocks the product groups terms by slot: a row
-    whose terms move across slot 128, or whose padded length grows from 256 to 384, can
-    differ in its last bits; docs/runtime.rst). This checks the three on
+    with the values over one block of :data:`~verispec.models.llama.VALUE_BLOCK` slots
+    (``head_dim + 1`` columns) accumulates over the slots in order, so that only the order
+    of the nonzero terms matters, not their slots nor zeros between them, for any of those
+    row counts. (The blocks' sums are added by the attention's own code, in an order fixed
+    by position: see :func:`~verispec.models.llama.attend`.) This checks the three on
     random data (tens of milliseconds, once per process and shape) and says whether they
     hold; see docs/runtime.rst. Defaults: SmolLM2-135M's shapes.
     """
@@ -206,26 +204,23 @@ def _probe_invariance(
                 x = rand(40, inner).to(dtype)
                 first = packed(x[:2])[:2]
                 checks += [torch.equal(packed(x[:m])[:2], first) for m in range(3, 41)]
-        rows = [groups * q for q in range(max(2, -(-_MIN_PRODUCT_ROWS // groups)), 41)]
+        rows = [groups * q for q in range(max(2, -(-MIN_PRODUCT_ROWS // groups)), 41)]
         keys, queries = rand(2, 640, head_dim), rand(2, rows[-1], head_dim)
         scores = torch.bmm(queries[:, : rows[0]], keys[:, :384].transpose(1, 2))  # (2)
         for m in rows:
             for n in (384, 640):
                 got = torch.bmm(queries[:, :m], keys[:, :n].transpose(1, 2))
                 checks.append(torch.equal(got[:, : rows[0], :384], scores))
-        values = rand(2, 640, head_dim + 1)  # (3)
-        weights = rand(2, rows[-1], 640, uniform=True)
-        weights[..., 300:] = 0
-        reference = torch.bmm(weights[:, : rows[0], :384], values[:, :384])
+        block = VALUE_BLOCK  # (3): 100 terms, in order, in one block of the value product
+        values, weights = rand(2, block, head_dim + 1), rand(2, rows[-1], block, uniform=True)
+        weights[..., 100:] = 0
+        reference = torch.bmm(weights[:, : rows[0]], values)
+        spread = torch.randperm(block, generator=generator)[:100].sort().values.to(device)
+        moved_w, moved_v = torch.zeros_like(weights), rand(2, block, head_dim + 1)
+        moved_w[..., spread], moved_v[:, spread] = weights[..., :100], values[:, :100]
         for m in rows:
-            for length in (384, 640):
-                got = torch.bmm(weights[:, :m, :length], values[:, :length])
-                checks.append(torch.equal(got[:, : rows[0]], reference))
-        moved_w, moved_v = torch.zeros_like(weights), torch.zeros_like(values)
-        moved_w[..., :290], moved_v[:, :290] = weights[..., :290], values[:, :290]
-        moved_w[..., 291:311:2], moved_v[:, 291:311:2] = weights[..., 290:300], values[:, 290:300]
-        got = torch.bmm(moved_w[:, : rows[0], :512], moved_v[:, :512])
-        checks.append(torch.equal(got, reference))
+            checks.append(torch.equal(torch.bmm(weights[:, :m], values)[:, : rows[0]], reference))
+            checks.append(torch.equal(torch.bmm(moved_w[:, :m], moved_v)[:, : rows[0]], reference))
     return all(checks)
 
 
@@ -592,11 +587,11 @@ class _Shared:
         self.hf_model = hf_model
         self.packed = packed
         self.wrapper: Any = None  # CompiledForward or GraphedForward, or None: eager
-        # Every product runs on at least _MIN_PRODUCT_ROWS rows: the projections on Q,
+        # Every product runs on at least MIN_PRODUCT_ROWS rows: the projections on Q,
         # the attention products on G * Q (G query heads per key/value head).
         args = transformer.args
         groups = args.n_heads // args.n_kv_heads
-        self.min_rows = max(2, -(-_MIN_PRODUCT_ROWS // groups))
+        self.min_rows = max(2, -(-MIN_PRODUCT_ROWS // groups))
 
     def bucket(self, queries: int) -> int:
         """Rows one forward computes for ``queries`` tokens (padding included)."""
