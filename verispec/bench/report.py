@@ -43,7 +43,7 @@ from typing import Any
 import attrs
 
 from verispec.bench.records import from_json, json_object
-from verispec.bench.runner import BenchRun, TurnRecord
+from verispec.bench.runner import BenchRun, TurnRecord, TurnResult
 from verispec.errors import ConfigError
 
 __all__ = [
@@ -137,6 +137,25 @@ class Figures:
             **{**sums, "peak_memory_mib": max(self.peak_memory_mib, other.peak_memory_mib)}
         )
 
+    @classmethod
+    def of(cls, result: TurnResult, identical: bool | None) -> Figures:
+        """The figures of one answer (``identical``: to the reference; ``None``: not compared)."""
+        parts = {p: getattr(result, f"{p}_s") for p in _PARTS}
+        known = {p: float(seconds) for p, seconds in parts.items() if seconds is not None}
+        split = None if result.target_s is None else _with_other(known, result.seconds)
+        return cls(
+            1,
+            len(result.tokens),
+            result.seconds,
+            result.steps,
+            result.committed,
+            result.tree_nodes,
+            result.peak_memory / float(1 << 20),
+            split,
+            None if identical is None else int(identical),
+            {result.finish_reason: 1},
+        )
+
     def as_dict(self) -> dict[str, Any]:
         """The sums and the ratios derived from them (the JSON report's fields)."""
         ratios = ("tokens_per_s", "mean_accepted", "mean_tree_size", "identical")
@@ -173,35 +192,6 @@ class BenchReport:
     command: str | list[str] | None = None
 
 
-def _figures(
-    records: Sequence[TurnRecord], reference: dict[tuple[str, int], Any] | None
-) -> Figures:
-    results = [r.result for r in records]
-    seconds = sum(r.seconds for r in results)
-    nodes = [r.tree_nodes for r in results]
-    split = None
-    if results and all(r.target_s is not None for r in results):
-        values = {p: [getattr(r, f"{p}_s") for r in results] for p in _PARTS}
-        split = _with_other({p: float(sum(v)) for p, v in values.items() if None not in v}, seconds)
-    finish_reasons: dict[str, int] = {}
-    for r in results:
-        finish_reasons[r.finish_reason] = finish_reasons.get(r.finish_reason, 0) + 1
-    return Figures(
-        outputs=len(records),
-        new_tokens=sum(len(r.tokens) for r in results),
-        seconds=seconds,
-        steps=sum(r.steps for r in results),
-        committed=sum(r.committed for r in results),
-        tree_nodes=None if None in nodes else sum(n for n in nodes if n is not None),
-        peak_memory_mib=max((r.peak_memory for r in results), default=0) / float(1 << 20),
-        time_split=split,
-        identical_count=None
-        if reference is None
-        else sum(reference.get((str(r.question_id), r.turn)) == r.result.tokens for r in records),
-        finish_reasons=finish_reasons,
-    )
-
-
 def _with_speedups(raw: dict[str, Figures]) -> dict[str, Figures]:
     """Figures of one group of answers, each with its speedups over ``hf`` and ``ar``."""
     rates = {peer: raw[peer].tokens_per_s for peer in ("hf", "ar") if peer in raw}
@@ -215,6 +205,14 @@ def _with_speedups(raw: dict[str, Figures]) -> dict[str, Figures]:
     return {label: attrs.evolve(figures, **speedups(figures)) for label, figures in raw.items()}
 
 
+def _key(record: TurnRecord) -> tuple[str, int]:
+    return (str(record.question_id), record.turn)
+
+
+def _total(figures: Sequence[Figures]) -> Figures:
+    return functools.reduce(operator.add, figures)
+
+
 def summarise(run: BenchRun) -> BenchReport:
     """Aggregate a run's answers per method and per category."""
     greedy = run.config.temperature == 0
@@ -225,13 +223,9 @@ def summarise(run: BenchRun) -> BenchReport:
     compared = {s.label for s in run.methods if greedy or not s.name.startswith("hf")}
     reference, mismatches = None, []
     if reference_label is not None:
-        reference = {
-            (str(r.question_id), r.turn): r.result.tokens
-            for r in run.records
-            if r.method == reference_label
-        }
+        reference = {_key(r): r.result.tokens for r in run.records if r.method == reference_label}
         for r in run.records:
-            want = reference.get((str(r.question_id), r.turn))
+            want = reference.get(_key(r))
             if r.method in compared and want is not None and want != r.result.tokens:
                 pairs = zip(want, r.result.tokens, strict=False)
                 first = next(
@@ -247,16 +241,15 @@ def summarise(run: BenchRun) -> BenchReport:
                     }
                 )
 
+    def figures(r: TurnRecord) -> Figures:
+        want = None if reference is None or r.method not in compared else reference.get(_key(r))
+        return Figures.of(r.result, None if want is None else want == r.result.tokens)
+
     def group(records: Sequence[TurnRecord]) -> dict[str, Figures]:
-        return _with_speedups(
-            {
-                label: _figures(
-                    [r for r in records if r.method == label],
-                    reference if label in compared else None,
-                )
-                for label in run.labels
-            }
-        )
+        by_method = {
+            label: [figures(r) for r in records if r.method == label] for label in run.labels
+        }
+        return _with_speedups({label: _total(f) for label, f in by_method.items()})
 
     categories = dict.fromkeys(r.category for r in run.records)
     config = {
@@ -595,10 +588,7 @@ def merge_reports(
         "answers_per_method": sum(r.config.get("answers_per_method", 0) for r in reports),
         "categories": [c for r in reports for c in _categories(r)],
     }
-    methods = {
-        label: functools.reduce(operator.add, [r.methods[label] for r in reports])
-        for label in labels
-    }
+    methods = {label: _total([r.methods[label] for r in reports]) for label in labels}
     return BenchReport(
         methods=_with_speedups(methods),
         per_category={c: group for r in reports for c, group in r.per_category.items()},

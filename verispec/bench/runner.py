@@ -1,38 +1,24 @@
 """The benchmark loop and its runners: every method on every prompt, interleaved.
 
-For each question every method runs the whole conversation (turn 2 is asked after the
-method's own answer to turn 1) before the next question starts, so a slow drift of the
-machine hits all methods alike, and the method order rotates from one question to the
-next. Before measuring, each method answers ``warmup`` prompts outside the set; learnt
-state (Token Recycling's matrix, a suffix corpus) is then reset, so the measured run
-starts cold, as in the papers. Drafters that keep a corpus of earlier answers (``suffix``,
-``dtr:suffix=true``) see only each answer's own context, unless ``carry_corpus`` adds
-every measured answer to its method's corpus (the cross-request setting).
+Every method answers a whole conversation (turn 2 follows its own answer to turn 1)
+before the next question starts, the first method rotating, so a drift of the machine
+hits all alike. Each first answers ``warmup`` prompts outside the set, then forgets what
+it learnt (Token Recycling's matrix, a suffix corpus): the measured run starts cold.
+``carry_corpus`` instead adds every measured answer to its method's corpus
+(cross-request). A resumed run keeps the answers an interrupted one finished
+(``finished``, from :mod:`verispec.bench.records`); a method that learns across prompts
+answers them again, unrecorded, to reach the state an uninterrupted run would have.
 
-A run resumes from the answers an interrupted run finished (``finished``, reloaded by
-:mod:`verispec.bench.records`): they are kept and only the others generated. A method
-that learns across prompts (its drafter has ``reset``) first answers its finished prompts
-again, unrecorded (and with ``carry_corpus`` remembers their recorded answers), so that
-it reaches the others in the state an uninterrupted run would have.
-
-A runner binds one method to the loaded model; all are timed alike, by one wall clock
-around the whole call (prefill included) after synchronising the device, with the call's
-peak memory (CUDA's peak allocation, else the process's peak resident set ``VmHWM``,
-reset before the call where Linux allows it). Work a method does before it can answer at
-full speed (compiling, sizing a static cache) runs untimed, summed in its ``setup_s``.
-
-* :class:`EngineRunner`: verispec's :class:`~verispec.decoder.SpeculativeDecoder` with a
-  drafter (``None``: ``ar``) that lives as long as the runner, so a drafter that learns
-  across prompts keeps what it learnt, as in the papers.
-* :class:`HFRunner`: transformers' ``generate`` on the same model (greedy, prompt lookup,
-  early-exit self-speculation, its static cache with ``torch.compile``). Forward hooks
-  count and time its forwards, so it reports mean accepted tokens too.
-* :class:`LlamaCppRunner`: ``llama-cpp-python`` (an optional extra,
-  ``pip install 'verispec[llamacpp]'``) on the GGUF file the target was loaded from, plain
-  or with its prompt lookup. It gets the same prompt *ids*, ``max_new_tokens``,
-  end-of-sequence ids, greedy sampler at temperature 0 and thread count, from an empty
-  KV cache each call; it computes with the file's own (quantized) weights, so its
-  outputs are a different model's. Each ``Llama.eval`` call counts as one target forward.
+All runners are timed alike: one wall clock around the whole call (prefill included)
+after synchronising the device, and the call's peak memory (CUDA's peak allocation, else
+the process's peak resident set ``VmHWM``, reset before the call where Linux allows it).
+Work before a method can answer at full speed (compiling, sizing a cache) is untimed,
+summed in its ``setup_s``. :class:`EngineRunner` is verispec's decoder with a drafter
+that lives as long as the runner; :class:`HFRunner` is transformers' ``generate`` on the
+same model, its forwards counted and timed by hooks; :class:`LlamaCppRunner` is
+``llama-cpp-python`` (an optional extra) on the target's GGUF file, with the same prompt
+*ids*, budget, end-of-sequence ids, greedy sampler and threads, from an empty cache each
+call, computing with the file's own quantized weights; each ``Llama.eval`` is a forward.
 """
 
 from __future__ import annotations
@@ -57,24 +43,10 @@ from verispec.errors import ConfigError
 from verispec.verifiers import default_verifier, recursive_verifier
 
 __all__ = [
-    "BenchConfig",
-    "BenchContext",
-    "BenchRun",
-    "EngineRunner",
-    "HFRunner",
-    "LlamaCppRunner",
-    "MethodRunner",
-    "RecordKey",
-    "TurnRecord",
-    "TurnResult",
-    "WARMUP_PROMPT",
-    "build_runners",
-    "check_available",
-    "llama_cpp_available",
-    "make_context",
-    "measure_call",
-    "run_bench",
-]
+    "BenchConfig", "BenchContext", "BenchRun", "EngineRunner", "HFRunner", "LlamaCppRunner",
+    "MethodRunner", "RecordKey", "TurnRecord", "TurnResult", "WARMUP_PROMPT", "build_runners",
+    "check_available", "llama_cpp_available", "make_context", "measure_call", "run_bench",
+]  # fmt: skip
 
 WARMUP_PROMPT = "Count from one to ten in words, then name three colours of the rainbow."
 VERIFIERS = ("default", "recursive")  # the acceptance rules at temperature > 0
@@ -145,17 +117,14 @@ class TurnResult:
 
 
 class MethodRunner(Protocol):
-    """A method ready to generate."""
+    """A method ready to answer templated ``prompt_ids``; ``reset`` forgets what it learnt
+    from earlier prompts, ``remember`` keeps an answer for later ones (a suffix corpus)."""
 
-    def reset(self) -> None:
-        """Forget what the method learnt from earlier prompts."""
+    def reset(self) -> None: ...
 
-    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
-        """Answer ``prompt_ids`` (already templated)."""
-        ...
+    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult: ...
 
-    def remember(self, tokens: Sequence[int]) -> None:
-        """Keep an answer for later prompts (a suffix corpus); a no-op for other methods."""
+    def remember(self, tokens: Sequence[int]) -> None: ...
 
 
 def _rss_peak_bytes() -> int:
