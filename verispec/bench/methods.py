@@ -1,23 +1,5 @@
-"""The benchmark's methods: every drafter in the library and the peers users would pick.
-
-========================  =======================================================
-``ar``                    verispec's engine with no drafter (one token per forward)
-``hf``                    transformers ``generate``, greedy (or sampling at T > 0)
-``hf-static``             ``generate`` with its static cache and ``torch.compile``
-``hf-pld``                ``generate(prompt_lookup_num_tokens=...)``
-``hf-assist-ee``          ``generate(assistant_early_exit=...)`` self-speculation
-``tr``                    :class:`~verispec.drafters.TokenRecycling`
-``dtr``                   Dynamic Token Recycling (tree sized per device);
-                          ``dtr:suffix=true`` fuses suffix-match candidates into it
-``pld``                   prompt lookup with tree-shaped candidates
-``suffix``                suffix-automaton drafting over the context and a corpus
-``chain``                 chain speculative decoding with a draft model
-``specinfer``             SpecInfer tree of i.i.d. draft samples
-``dyspec``                DySpec greedy dynamic tree
-``rsdc``, ``rsds``        Recursive Speculative Decoding, constant branching / beam
-``llama-cpp``             llama.cpp (llama-cpp-python) on the target's GGUF file
-``llama-cpp-pld``         llama.cpp with its prompt-lookup drafting
-========================  =======================================================
+"""The benchmark's methods: every drafter in the library and the peers users would pick
+(the table is in docs/benchmarks.rst, "Method specs"; ``verispec methods`` prints it).
 
 A drafter's parameters are its options' fields (``TokenRecyclingOptions``,
 ``DySpecOptions``...: type, check, default and help, written once in the drafter's

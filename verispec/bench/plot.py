@@ -26,13 +26,8 @@ from verispec.bench.registry import show
 from verispec.bench.report import BenchReport, Figures
 
 __all__ = [
-    "SIZE_PARAMS",
-    "family_labels",
-    "mat_curves",
-    "method_family",
-    "save_mat_plot",
-    "save_plot",
-]
+    "SIZE_PARAMS", "family_labels", "mat_curves", "method_family", "save_mat_plot", "save_plot"
+]  # fmt: skip
 
 # Parameters that set how many nodes a method drafts per step: they vary along a curve.
 # ``k`` is a size only for ``chain`` (its length); for ``tr``/``dtr`` it is candidates per

@@ -24,14 +24,9 @@ from verispec.core.validate import integer
 from verispec.errors import ConfigError
 
 __all__ = [
-    "SHIPPED_PROMPTS",
-    "Question",
-    "build_prompt_ids",
-    "load_questions",
-    "parse_questions",
-    "select_questions",
-    "shipped_questions",
-]
+    "SHIPPED_PROMPTS", "Question", "build_prompt_ids", "load_questions", "parse_questions",
+    "select_questions", "shipped_questions"
+]  # fmt: skip
 
 
 #: The prompt set verispec ships (package data).

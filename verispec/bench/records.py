@@ -38,17 +38,9 @@ from verispec.bench.runner import BenchConfig, RecordKey, TurnRecord, record_key
 from verispec.errors import ConfigError
 
 __all__ = [
-    "RecordLog",
-    "check_writable",
-    "default_records_path",
-    "from_json",
-    "json_object",
-    "machine_info",
-    "records_header",
-    "write_atomic",
-    "write_json",
-    "write_text",
-]
+    "RecordLog", "check_writable", "default_records_path", "from_json", "json_object",
+    "machine_info", "records_header", "write_atomic", "write_json", "write_text"
+]  # fmt: skip
 
 _FORMAT = "verispec-bench-records/1"
 T = TypeVar("T")

@@ -1,33 +1,14 @@
 """Figures from a benchmark run; the tables, Markdown and JSON that show them; merging.
 
-Definitions (the same for every method, overall and per category):
-
-* **tokens/s** — new tokens over wall-clock seconds, summed over every measured
-  answer (prefill included; warm-up excluded).
-* **MAT** — mean accepted tokens per step: tokens committed over target forwards
-  that produced them (verispec counts the extra token; for ``generate`` every target
-  forward counts, the prefill included, since it yields the first token).
-* **nodes/step** — draft-tree nodes scored per target forward.
-* **vs hf, vs ar** — tokens/s over the tokens/s of ``hf`` / ``ar`` on the same answers.
-* **identical** — the share of answers token-identical to the reference: at
-  temperature 0 the greedy reference (``hf`` if it ran, else ``ar``); at temperature
-  > 0 ``ar`` with the same seed, for verispec's methods (with the default verifier,
-  every drafter of fixed candidates reproduces it: docs/exactness.rst, "Seeds and
-  reproducibility"; draft-model trees are exact in law but draw differently).
-  transformers' peers (``hf*``) sample from torch's global generator and are not
-  compared at temperature > 0.
-* **peak MiB** — the largest per-answer peak: CUDA allocation on a GPU, else the
-  process's resident set (model weights included).
-* **draft / target / verify** — shares of the wall-clock time; the rest is the loop
-  and the host (``generate``'s own drafting where it cannot be separated).
-
-:class:`Figures` store sums over answers and derive every ratio, so a report renders
-without its run (:func:`report_from_json` reads :func:`to_json`'s output back), and the
-reports of runs over disjoint answers (shards split with ``--categories``) merge by
-addition (:func:`merge_reports`): the speedups are recomputed, per-category figures
-belong to one shard each. Reports written before the figures stored ``committed`` and
-``tree_nodes`` are read too: those sums are recovered from their ratios, ``round(MAT x
-steps)`` and ``round(nodes/step x steps)``.
+The figures (tokens/s, MAT, nodes/step, vs hf / vs ar, identical, peak MiB and the
+draft/target/verify split) are defined in docs/benchmarks.rst, "What each figure means".
+:class:`Figures` store sums over answers and derive every ratio: a group's figures are the
+sum of its answers' (:meth:`Figures.of`), a report renders without its run
+(:func:`report_from_json` reads :func:`to_json`'s output back), and the reports of runs
+over disjoint answers (shards split with ``--categories``) merge by addition
+(:func:`merge_reports`). Reports written before the figures stored ``committed`` and
+``tree_nodes`` are read too: those sums are recovered as ``round(MAT x steps)`` and
+``round(nodes/step x steps)``.
 """
 
 from __future__ import annotations
@@ -47,18 +28,10 @@ from verispec.bench.runner import BenchRun, TurnRecord, TurnResult
 from verispec.errors import ConfigError
 
 __all__ = [
-    "BenchReport",
-    "Figures",
-    "identical_note",
-    "load_report",
-    "merge_reports",
-    "render_category_table",
-    "render_markdown",
-    "render_table",
-    "report_from_json",
-    "summarise",
-    "to_json",
-]
+    "BenchReport", "Figures", "identical_note", "load_report", "merge_reports",
+    "render_category_table", "render_markdown", "render_table", "report_from_json", "summarise",
+    "to_json"
+]  # fmt: skip
 
 _PARTS = ("draft", "target", "verify")  # the measured parts of the time split
 

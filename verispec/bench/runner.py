@@ -533,15 +533,9 @@ class BenchConfig:
         self.generation(None)  # validates the generation settings
 
     def generation(self, eos: Sequence[int] | None) -> GenerationConfig:
-        return GenerationConfig(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            seed=self.seed,
-            eos_token_ids=tuple(eos) if eos else None,
-        )
+        shared = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed")
+        settings = {name: getattr(self, name) for name in shared}
+        return GenerationConfig(**settings, eos_token_ids=tuple(eos) if eos else None)
 
 
 @attrs.frozen
