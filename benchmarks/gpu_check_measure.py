@@ -257,7 +257,7 @@ def _bench_run(
 def stage_bench(check: Any) -> tuple[str, dict[str, Any]]:
     import torch
 
-    from verispec.bench.output import machine_info, write_json, write_text
+    from verispec.bench.records import machine_info, write_json, write_text
     from verispec.bench.report import render_markdown, to_json
 
     cpu_mat = _mat_from_cpu()

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from verispec.bench.output import machine_info, write_json, write_text
+from verispec.bench.records import machine_info, write_json, write_text
 from verispec.core.tree import DraftTree
 from verispec.drafters.budget import measure_latency
 from verispec.models.default import load_default_model

@@ -128,9 +128,9 @@ def test_draft_model_vocabulary_mismatch(tmp_path: Path, model_dir: Path) -> Non
 
 
 def _fake_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    import verispec.bench.llama_cpp as llama_cpp
+    import verispec.bench.runner as runner
 
-    monkeypatch.setattr(llama_cpp, "llama_cpp_available", lambda: "not installed here (test)")
+    monkeypatch.setattr(runner, "llama_cpp_available", lambda: "not installed here (test)")
 
 
 def test_bench_skips_llama_cpp_where_it_cannot_run(

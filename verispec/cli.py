@@ -503,7 +503,7 @@ _OUTPUTS = ("json", "markdown", "plot", "mat_plot")
 
 def _check_outputs(args: argparse.Namespace) -> dict[str, Any]:
     """The output paths given, each checked writable now (before any long work)."""
-    from verispec.bench.output import check_writable
+    from verispec.bench.records import check_writable
     from verispec.errors import ConfigError
 
     outputs = {
@@ -539,7 +539,7 @@ def _write_outputs(
     outputs: dict[str, Any], report: Any, machine: Any = None, command: Any = None
 ) -> None:
     """Write every requested file, each atomically (``None``: the report's own)."""
-    from verispec.bench.output import write_atomic, write_json, write_text
+    from verispec.bench.records import write_atomic, write_json, write_text
     from verispec.bench.report import render_markdown, to_json
 
     if "json" in outputs:
@@ -591,10 +591,9 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     for entry in METHODS.values():
         reason = entry.availability()
         status = "" if reason is None else f"  [not available: {reason}]"
-        native = entry.native_defaults() if reason is None else {}
         print(f"{entry.name:<14}{entry.summary}{status}")
         for param in entry.params:
-            print(f"{'':<16}{param.describe(native.get(param.name))}")
+            print(f"{'':<16}{param.describe()}")
     return 0
 
 
@@ -669,8 +668,8 @@ def _bench_runners(context: Any, specs: list[Any]) -> tuple[list[Any], dict[str,
 def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import torch
 
-    from verispec.bench.output import machine_info
     from verispec.bench.prompts import load_questions, select_questions, shipped_questions
+    from verispec.bench.records import machine_info
     from verispec.bench.report import summarise
     from verispec.bench.runner import run_bench
     from verispec.errors import ConfigError
@@ -759,12 +758,11 @@ def _peer_notes(context: Any, specs: list[Any]) -> dict[str, str]:
     """What a reader of the table must know about the peers that ran (llama.cpp's weights)."""
     if not any(spec.name.startswith("llama-cpp") for spec in specs):
         return {}
+    from importlib.metadata import version
     from pathlib import Path
 
-    from verispec.bench.llama_cpp import llama_cpp_version
-
     note = (
-        f"llama-cpp-python {llama_cpp_version()} runs {Path(context.gguf).name} with the "
+        f"llama-cpp-python {version('llama_cpp_python')} runs {Path(context.gguf).name} with the "
         "file's own quantized weights, the other methods its dequantized weights: llama-cpp "
         "outputs are not expected to be identical"
     )
@@ -788,8 +786,12 @@ def _records(
     args: argparse.Namespace, config: Any, specs: list[Any], questions: list[Any], device: str
 ) -> Any:
     """The run's records file (checked writable, earlier answers loaded), or None."""
-    from verispec.bench.output import check_writable
-    from verispec.bench.records import RecordLog, default_records_path, records_header
+    from verispec.bench.records import (
+        RecordLog,
+        check_writable,
+        default_records_path,
+        records_header,
+    )
     from verispec.errors import ConfigError
 
     path = args.records or (default_records_path(args.json) if args.json else None)
@@ -814,7 +816,7 @@ def _records(
 def _cmd_report(args: argparse.Namespace) -> int:
     import warnings
 
-    from verispec.bench.merge import load_report, merge_reports
+    from verispec.bench.report import load_report, merge_reports
 
     # 1. outputs writable, every file a report, shards compatible: before writing anything
     outputs = _check_outputs(args)

@@ -1,5 +1,6 @@
-"""Tests of verispec/bench/llama_cpp.py: the llama.cpp peers get the same prompt ids, threads,
-greedy settings, token budget and end-of-sequence ids as every method, from an empty cache."""
+"""Tests of the llama.cpp runner of verispec/bench/runner.py: the llama.cpp peers get the same
+prompt ids, threads, greedy settings, token budget and end-of-sequence ids as every method,
+from an empty cache."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from verispec.bench.llama_cpp import LlamaCppRunner, llama_cpp_available
 from verispec.bench.methods import METHODS
-from verispec.bench.runner import BenchContext
+from verispec.bench.runner import BenchContext, LlamaCppRunner, llama_cpp_available
 from verispec.core.types import GenerationConfig
 from verispec.errors import ConfigError
 

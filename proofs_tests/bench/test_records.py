@@ -1,4 +1,5 @@
-"""Tests of verispec/bench/records.py and of resuming a run (runner.py's ``finished``).
+"""Tests of verispec/bench/records.py (the records file, atomic writes, the machine) and of
+resuming a run (runner.py's ``finished``).
 
 A killed ``verispec bench`` keeps every finished answer (a real ``kill -9`` of a
 subprocess on the smoke model), and ``--resume`` then writes the report an
@@ -22,7 +23,15 @@ import pytest
 from verispec import cli
 from verispec.bench.methods import METHODS
 from verispec.bench.prompts import Question
-from verispec.bench.records import RecordLog, default_records_path, records_header
+from verispec.bench.records import (
+    RecordLog,
+    check_writable,
+    default_records_path,
+    machine_info,
+    records_header,
+    write_atomic,
+    write_json,
+)
 from verispec.bench.registry import parse_methods
 from verispec.bench.runner import BenchConfig, TurnRecord, TurnResult, record_key, run_bench
 from verispec.core.types import GenerationConfig
@@ -131,6 +140,37 @@ def test_resume_refuses_another_benchmark(tmp_path: Path, config: dict, key: str
 def test_default_records_path_sits_beside_the_json() -> None:
     """`out/run.json` keeps its answers in `out/run.records.jsonl`."""
     assert default_records_path("out/run.json") == Path("out/run.records.jsonl")
+
+
+def test_atomic_write_leaves_nothing_behind_on_failure(tmp_path: Path) -> None:
+    """A write that fails keeps the old file intact and leaves no temporary file."""
+    path = tmp_path / "out.json"
+    write_json(path, {"old": 1})
+
+    def broken(tmp: Path) -> None:
+        tmp.write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_atomic(path, broken)
+    assert json.loads(path.read_text()) == {"old": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_unwritable_outputs_are_refused_up_front(tmp_path: Path) -> None:
+    """check_writable refuses a missing directory and a directory path."""
+    with pytest.raises(ConfigError, match="does not exist"):
+        check_writable(tmp_path / "missing" / "x.json", "--json")
+    with pytest.raises(ConfigError, match="is a directory"):
+        check_writable(tmp_path, "--json")
+    assert check_writable(tmp_path / "x.json", "--json") == tmp_path / "x.json"
+
+
+def test_machine_info_names_the_libraries() -> None:
+    """machine_info reports the CPU, thread count and library versions."""
+    info = machine_info("cpu", "float32")
+    assert {"cpu", "cpu_count", "torch", "transformers", "verispec"} <= set(info)
+    assert info["dtype"] == "float32" and info["device"] == "cpu"
 
 
 class _Runner:

@@ -1,4 +1,4 @@
-"""Tests of verispec/bench/report.py, plot.py and output.py on hand-made measurements."""
+"""Tests of verispec/bench/report.py and plot.py on hand-made measurements."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from verispec.bench.methods import METHODS
-from verispec.bench.output import check_writable, machine_info, write_atomic, write_json
 from verispec.bench.plot import save_plot
 from verispec.bench.prompts import Question
 from verispec.bench.registry import parse_methods
@@ -21,7 +20,6 @@ from verispec.bench.report import (
     to_json,
 )
 from verispec.bench.runner import BenchConfig, BenchRun, TurnRecord, TurnResult
-from verispec.errors import ConfigError
 
 
 def _result(tokens: list[int], seconds: float, steps: int, **kw: Any) -> TurnResult:
@@ -179,34 +177,3 @@ def test_plot_is_a_png(tmp_path: Path) -> None:
     path = tmp_path / "bench.png"
     save_plot(summarise(_run()), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_atomic_write_leaves_nothing_behind_on_failure(tmp_path: Path) -> None:
-    """A write that fails keeps the old file intact and leaves no temporary file."""
-    path = tmp_path / "out.json"
-    write_json(path, {"old": 1})
-
-    def broken(tmp: Path) -> None:
-        tmp.write_text("half")
-        raise RuntimeError("disk full")
-
-    with pytest.raises(RuntimeError):
-        write_atomic(path, broken)
-    assert json.loads(path.read_text()) == {"old": 1}
-    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
-
-
-def test_unwritable_outputs_are_refused_up_front(tmp_path: Path) -> None:
-    """check_writable refuses a missing directory and a directory path."""
-    with pytest.raises(ConfigError, match="does not exist"):
-        check_writable(tmp_path / "missing" / "x.json", "--json")
-    with pytest.raises(ConfigError, match="is a directory"):
-        check_writable(tmp_path, "--json")
-    assert check_writable(tmp_path / "x.json", "--json") == tmp_path / "x.json"
-
-
-def test_machine_info_names_the_libraries() -> None:
-    """machine_info reports the CPU, thread count and library versions."""
-    info = machine_info("cpu", "float32")
-    assert {"cpu", "cpu_count", "torch", "transformers", "verispec"} <= set(info)
-    assert info["dtype"] == "float32" and info["device"] == "cpu"

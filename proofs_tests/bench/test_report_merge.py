@@ -1,4 +1,5 @@
-"""Tests of verispec/bench/merge.py, the MAT plot of plot.py and `verispec report`.
+"""Tests of reading reports back and merging them (verispec/bench/report.py), the MAT plot
+of plot.py and `verispec report`.
 
 Measurements are made by hand (no model): a run over three categories, split into two
 shards by category the way `verispec bench --categories` splits it.
@@ -14,16 +15,18 @@ import attrs
 import pytest
 
 from verispec import cli
-from verispec.bench.merge import load_report, merge_reports, report_from_json
 from verispec.bench.methods import METHODS
 from verispec.bench.plot import family_labels, mat_curves, method_family, save_mat_plot
 from verispec.bench.prompts import Question
 from verispec.bench.registry import parse_methods
 from verispec.bench.report import (
     BenchReport,
+    load_report,
+    merge_reports,
     render_category_table,
     render_markdown,
     render_table,
+    report_from_json,
     summarise,
     to_json,
 )

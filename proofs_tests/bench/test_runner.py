@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from verispec.bench.methods import METHODS
-from verispec.bench.output import write_json
 from verispec.bench.prompts import Question, shipped_questions
+from verispec.bench.records import write_json
 from verispec.bench.registry import parse_methods
 from verispec.bench.report import summarise, to_json
 from verispec.bench.runner import BenchConfig, TurnResult, build_runners, run_bench

@@ -16,7 +16,6 @@ Typical use::
     print(render_table(summarise(run)))
 """
 
-from verispec.bench.merge import load_report, merge_reports, report_from_json
 from verispec.bench.methods import METHODS
 from verispec.bench.prompts import (
     Question,
@@ -30,9 +29,12 @@ from verispec.bench.registry import MethodEntry, MethodSpec, Param, parse_method
 from verispec.bench.report import (
     BenchReport,
     Figures,
+    load_report,
+    merge_reports,
     render_category_table,
     render_markdown,
     render_table,
+    report_from_json,
     summarise,
     to_json,
 )
@@ -42,6 +44,7 @@ from verispec.bench.runner import (
     BenchRun,
     EngineRunner,
     HFRunner,
+    LlamaCppRunner,
     MethodRunner,
     TurnRecord,
     TurnResult,
@@ -52,38 +55,11 @@ from verispec.bench.runner import (
 )
 
 __all__ = [
-    "METHODS",
-    "BenchConfig",
-    "BenchContext",
-    "BenchReport",
-    "BenchRun",
-    "EngineRunner",
-    "Figures",
-    "HFRunner",
-    "MethodEntry",
-    "MethodRunner",
-    "MethodSpec",
-    "Param",
-    "Question",
-    "TurnRecord",
-    "TurnResult",
-    "build_prompt_ids",
-    "build_runners",
-    "check_available",
-    "load_questions",
-    "load_report",
-    "make_context",
-    "merge_reports",
-    "parse_method",
-    "parse_methods",
-    "parse_questions",
-    "render_category_table",
-    "render_markdown",
-    "report_from_json",
-    "render_table",
-    "run_bench",
-    "select_questions",
-    "shipped_questions",
-    "summarise",
-    "to_json",
-]
+    "METHODS", "BenchConfig", "BenchContext", "BenchReport", "BenchRun", "EngineRunner", "Figures",
+    "HFRunner", "LlamaCppRunner", "MethodEntry", "MethodRunner", "MethodSpec", "Param", "Question",
+    "TurnRecord", "TurnResult", "build_prompt_ids", "build_runners", "check_available",
+    "load_questions", "load_report", "make_context", "merge_reports", "parse_method",
+    "parse_methods", "parse_questions", "render_category_table", "render_markdown", "render_table",
+    "report_from_json", "run_bench", "select_questions", "shipped_questions", "summarise",
+    "to_json"
+]  # fmt: skip

@@ -22,16 +22,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from verispec.bench.registry import show
 from verispec.bench.report import BenchReport, Figures
 
 __all__ = [
-    "SIZE_PARAMS",
-    "family_labels",
-    "mat_curves",
-    "method_family",
-    "save_mat_plot",
-    "save_plot",
-]
+    "SIZE_PARAMS", "family_labels", "mat_curves", "method_family", "save_mat_plot", "save_plot"
+]  # fmt: skip
 
 # Parameters that set how many nodes a method drafts per step: they vary along a curve.
 # ``k`` is a size only for ``chain`` (its length); for ``tr``/``dtr`` it is candidates per
@@ -43,38 +39,23 @@ SIZE_PARAMS: dict[str, frozenset[str]] = {
 }
 
 
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ".".join(str(v) for v in value)
-    return str(value)
-
-
 def _size_params(name: str) -> frozenset[str]:
     return SIZE_PARAMS["*"] | SIZE_PARAMS.get(name, frozenset())
 
 
 def method_family(name: str, params: Mapping[str, Any]) -> str:
-    """The family of a method: its name and every parameter except the size ones.
-
-    Methods of one family differ only in their draft budget (``budget``, ``template``,
-    ``branching``, ``width``, ``depth``; ``k`` for ``chain``; ``max`` for ``pld``).
-    Parameters are listed in sorted order, so the key does not depend on how a spec
-    was written: ``method_family("dtr", {"budget": 8, "fusion": False, "k": 8})`` is
-    ``"dtr:fusion=false:k=8"``.
-    """
+    """The family of a method: its name and every parameter but the size ones
+    (:data:`SIZE_PARAMS`), sorted: ``method_family("dtr", {"budget": 8, "fusion": False,
+    "k": 8})`` is ``"dtr:fusion=false:k=8"``."""
     size = _size_params(name)
-    rest = sorted((key, _show(value)) for key, value in params.items() if key not in size)
+    rest = sorted((key, show(value)) for key, value in params.items() if key not in size)
     return name + "".join(f":{key}={value}" for key, value in rest)
 
 
 def family_labels(families: list[str]) -> dict[str, str]:
-    """Short legend labels: each family key without the parameters its siblings share.
-
-    ``["tr:k=8:prune=true", "dtr:fusion=true:k=8", "dtr:fusion=false:k=8"]`` gives
-    ``tr``, ``dtr:fusion=true`` and ``dtr:fusion=false``.
-    """
+    """Short legend labels: each family key without the parameters its siblings share
+    (``dtr:fusion=true:k=8`` and ``dtr:fusion=false:k=8`` are ``dtr:fusion=true`` and
+    ``dtr:fusion=false``)."""
     by_name: dict[str, list[str]] = {}
     for family in families:
         by_name.setdefault(family.split(":", 1)[0], []).append(family)
@@ -89,16 +70,21 @@ def family_labels(families: list[str]) -> dict[str, str]:
 
 def _size_text(name: str, params: Mapping[str, Any]) -> str:
     size = _size_params(name)
-    return "x".join(_show(v) for k, v in params.items() if k in size and v is not None)
+    return "x".join(show(v) for k, v in params.items() if k in size and v is not None)
 
 
-def save_plot(report: BenchReport, path: str | Path) -> None:
-    """Draw the report and save it as PNG to ``path`` (written as given, not atomically)."""
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_plot(report: BenchReport, path: str | Path) -> None:
+    """Draw the report and save it as PNG to ``path`` (written as given, not atomically)."""
+    plt = _pyplot()
     labels = list(report.methods)
     baseline = "ar" if "ar" in labels else ("hf" if "hf" in labels else None)
     groups = {"all": report.methods, **report.per_category}
@@ -144,28 +130,17 @@ def save_plot(report: BenchReport, path: str | Path) -> None:
     plt.close(fig)
 
 
-def _drawn(name: str, figures: Figures) -> bool:
-    """Whether a method has a visible tree size (transformers' peers do not)."""
-    return figures.mean_tree_size is not None and not name.startswith("hf")
-
-
 def mat_curves(
     methods: Mapping[str, Figures], specs: Mapping[str, tuple[str, Mapping[str, Any]]]
 ) -> dict[str, list[tuple[float, float, str]]]:
-    """The MAT plot's curves for one group of answers: per family, ``(x, y, label)`` points.
-
-    x is the mean draft nodes per step, y the MAT; points are sorted by x; families
-    come in the order their first method appears. Transformers' peers and methods
-    with no tree size are left out; ``ar`` is a one-point family at (0, 1).
-
-    Args:
-        methods: figures per method label (``report.methods`` or one category's).
-        specs: per label, the method's registry name and parameters (``report.specs``).
-    """
+    """The MAT plot's curves for one group of answers (``methods``: figures per label;
+    ``specs``: name and parameters per label): per family, ``(nodes/step, MAT, label)``
+    points sorted by tree size, families in the order their first method appears.
+    transformers' peers and methods with no tree size are left out; ``ar`` is (0, 1)."""
     curves: dict[str, list[tuple[float, float, str]]] = {}
     for label, figures in methods.items():
         name, params = specs.get(label, (label, {}))
-        if figures.mean_tree_size is None or not _drawn(name, figures):
+        if figures.mean_tree_size is None or name.startswith("hf"):  # tree size not visible
             continue
         point = (figures.mean_tree_size, figures.mean_accepted, label)
         curves.setdefault(method_family(name, params), []).append(point)
@@ -173,16 +148,9 @@ def mat_curves(
 
 
 def save_mat_plot(report: BenchReport, path: str | Path) -> None:
-    """Draw MAT against draft nodes per step, one curve per method family, as PNG.
-
-    One panel for all answers, then one per category; legend and title (with the
-    temperature) once. Written to ``path`` as given, not atomically.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Draw MAT against draft nodes per step, one curve per method family, as PNG: a
+    panel for all answers, then one per category (written as given, not atomically)."""
+    plt = _pyplot()
     specs = {label: report.specs.get(label, (label, {})) for label in report.methods}
     order = list(mat_curves(report.methods, specs))
     names = family_labels(order)
@@ -228,8 +196,9 @@ def save_mat_plot(report: BenchReport, path: str | Path) -> None:
                 for x, y, label in points:
                     text = _size_text(*specs[label])
                     if text:
-                        ax.annotate(text, (x, y), fontsize=6, xytext=(3, -8),
-                                    textcoords="offset points")  # fmt: skip
+                        ax.annotate(
+                            text, (x, y), fontsize=6, xytext=(3, -8), textcoords="offset points"
+                        )
         answers = next(iter(figures.values())).outputs if figures else 0
         plural = "" if answers == 1 else "s"
         ax.set_title(f"{group} ({answers} answer{plural})", fontsize="small")

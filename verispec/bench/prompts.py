@@ -24,18 +24,9 @@ from verispec.core.validate import integer
 from verispec.errors import ConfigError
 
 __all__ = [
-    "SHIPPED_PROMPTS",
-    "Question",
-    "build_prompt_ids",
-    "load_questions",
-    "parse_questions",
-    "select_questions",
-    "shipped_questions",
-]
-
-
-def _str_tuple(turns: Iterable[str]) -> tuple[str, ...]:
-    return tuple(turns)
+    "SHIPPED_PROMPTS", "Question", "build_prompt_ids", "load_questions", "parse_questions",
+    "select_questions", "shipped_questions"
+]  # fmt: skip
 
 
 #: The prompt set verispec ships (package data).
@@ -44,17 +35,12 @@ SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.jso
 
 @attrs.frozen
 class Question:
-    """One benchmark question.
-
-    Attributes:
-        question_id: the file's id (an int in Spec-Bench; kept as given).
-        category: the category the per-category figures group by.
-        turns: the user turns, asked in order as one conversation.
-    """
+    """One benchmark question: the file's id (kept as given), the category the
+    per-category figures group by, and the user turns, asked in order as one conversation."""
 
     question_id: int | str
     category: str
-    turns: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    turns: tuple[str, ...] = attrs.field(converter=lambda turns: tuple(turns))
 
 
 def _parse_line(line: str, where: str) -> Question:
@@ -87,12 +73,9 @@ def _parse_line(line: str, where: str) -> Question:
 
 
 def parse_questions(lines: Iterable[str], source: str = "<questions>") -> list[Question]:
-    """Parse JSON lines into questions; blank lines are skipped.
-
-    Raises:
-        ConfigError: a line is not a valid question (the message names ``source`` and
-            the 1-based line number), ids repeat, or there is no question at all.
-    """
+    """Parse JSON lines into questions, skipping blank lines; :class:`ConfigError` naming
+    ``source`` and the line for a line that is not a question or a repeated id, or if
+    there is no question at all."""
     questions: list[Question] = []
     seen: dict[int | str, int] = {}
     for number, line in enumerate(lines, start=1):
@@ -113,11 +96,8 @@ def parse_questions(lines: Iterable[str], source: str = "<questions>") -> list[Q
 
 
 def load_questions(path: str | Path) -> list[Question]:
-    """Read a Spec-Bench-format question file.
-
-    Raises:
-        ConfigError: the file is missing, unreadable or malformed (with its line number).
-    """
+    """Read a Spec-Bench-format question file; :class:`ConfigError` if it is missing,
+    unreadable or malformed (naming the line)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(

@@ -1,17 +1,19 @@
-"""Every finished answer on disk as it is produced, so a killed benchmark can resume.
+"""The benchmark's files: answers kept as they are produced, JSON read back, atomic writes.
 
 ``verispec bench`` appends each measured answer to a JSON Lines *records file*
-(``--records PATH``; by default beside ``--json``: ``out.json`` →
-``out.records.jsonl``) the moment it is finished, flushed and synced, so a run
-killed half-way loses at most the answer in progress. ``--resume`` reloads the
-answers and :func:`~verispec.bench.runner.run_bench` generates only the missing
-ones; the final report is the one an uninterrupted run would have written (its
-timings are those measured when each answer was produced).
+(``--records PATH``; by default beside ``--json``: ``out.json`` → ``out.records.jsonl``)
+the moment it is finished, flushed and synced, so a run killed half-way loses at most the
+answer in progress. ``--resume`` reloads them and
+:func:`~verispec.bench.runner.run_bench` generates only the others; the report is the one
+an uninterrupted run would have written (with the timings measured when each answer was
+produced). The file's first line is a header: the run's settings, methods, setup (model,
+dtype, device) and a digest of the questions; a resumed run must match it exactly. A last
+line cut off by the kill is dropped; any other unreadable line is an error naming it.
 
-The file's first line is a header: the run's settings, methods, setup (model,
-dtype, device) and a digest of the selected questions. A resumed run must match
-it exactly, so answers of another benchmark are never mixed in. A last line cut
-off by the kill is dropped; any other unreadable line is an error naming it.
+Answers and reports are read back by one function, :func:`from_json`, which checks each
+field of an ``attrs`` class against its annotated type. Every output is written to a
+temporary file beside its destination and renamed into place, so an interrupted run
+never leaves a half-written file.
 """
 
 from __future__ import annotations
@@ -19,20 +21,83 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+import platform
+import tempfile
+import types
+import typing
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import attrs
+import torch
 
 from verispec.bench.prompts import Question
 from verispec.bench.registry import MethodSpec
-from verispec.bench.runner import BenchConfig, RecordKey, TurnRecord, TurnResult, record_key
+from verispec.bench.runner import BenchConfig, RecordKey, TurnRecord, record_key
 from verispec.errors import ConfigError
 
-__all__ = ["RecordLog", "default_records_path", "records_header"]
+__all__ = [
+    "RecordLog", "check_writable", "default_records_path", "from_json", "json_object",
+    "machine_info", "records_header", "write_atomic", "write_json", "write_text"
+]  # fmt: skip
 
 _FORMAT = "verispec-bench-records/1"
+T = TypeVar("T")
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def json_object(data: Any, where: str) -> dict[str, Any]:
+    """``data`` if it is a JSON object, else :class:`ConfigError` naming ``where``."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"`{where}` must be a JSON object; got {_kind(data)}.")
+    return data
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a JSON value can stand for a field annotated ``hint``."""
+    origin, args = typing.get_origin(hint) or hint, typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arm) for arm in args)
+    if isinstance(value, bool) or value is None:
+        return hint is type(value)
+    if origin is tuple:  # of integers, written as a list
+        return isinstance(value, list) and all(_fits(item, args[0]) for item in value)
+    return isinstance(value, (int, float) if hint is float else origin)
+
+
+def _shown(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_shown(arm) for arm in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        return "a list of integers"
+    names = {float: "int or float", type(None): "null"}
+    return names.get(hint, getattr(typing.get_origin(hint) or hint, "__name__", str(hint)))
+
+
+def from_json(cls: type[T], data: Any, where: str) -> T:
+    """An instance of the ``attrs`` class ``cls`` from JSON ``data``: every field without a
+    default present, each value of its annotated type (an ``attrs`` class read in turn).
+
+    Raises:
+        ConfigError: naming the field (``where.field``), what it must be and what it is.
+    """
+    data, hints, values = json_object(data, where), typing.get_type_hints(cls), {}
+    for field in attrs.fields(cls):  # type: ignore[arg-type]
+        name, hint = field.name, hints[field.name]
+        if name not in data:
+            if field.default is attrs.NOTHING:
+                raise ConfigError(f"`{where}` must have the field `{name}`; it is missing.")
+        elif attrs.has(hint):
+            values[name] = from_json(hint, data[name], f"{where}.{name}")
+        elif _fits(data[name], hint):
+            values[name] = data[name]
+        else:
+            raise ConfigError(f"`{where}.{name}` must be {_shown(hint)}; got {data[name]!r}.")
+    return cls(**values)
 
 
 def default_records_path(json_path: str | Path) -> Path:
@@ -60,68 +125,6 @@ def records_header(
     return dict(json.loads(json.dumps(header, default=str)))  # tuples become lists
 
 
-def _record_to_json(record: TurnRecord) -> dict[str, Any]:
-    data = attrs.asdict(record)
-    data["result"]["tokens"] = list(record.result.tokens)
-    return data
-
-
-_RESULT_TYPES: dict[str, tuple[type, ...]] = {
-    "text": (str,),
-    "seconds": (int, float),
-    "steps": (int,),
-    "committed": (int,),
-    "peak_memory": (int,),
-    "finish_reason": (str,),
-}
-_OPTIONAL_FLOATS = ("draft_s", "target_s", "verify_s")
-
-
-def _record_from_json(data: Any, where: str) -> TurnRecord:
-    """A :class:`TurnRecord` from one line's JSON; ConfigError naming ``where`` if malformed."""
-
-    def bad(what: str) -> ConfigError:
-        return ConfigError(f"{where}: not a verispec bench record ({what}).")
-
-    if not isinstance(data, dict) or not isinstance(data.get("result"), dict):
-        raise bad("a record is an object with a `result` object")
-    result = data["result"]
-    tokens = result.get("tokens")
-    if not isinstance(tokens, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in tokens
-    ):
-        raise bad("`result.tokens` must be a list of integers")
-    for name, types in _RESULT_TYPES.items():
-        value = result.get(name)
-        if isinstance(value, bool) or not isinstance(value, types):
-            raise bad(f"`result.{name}` must be {' or '.join(t.__name__ for t in types)}")
-    for name in (*_OPTIONAL_FLOATS, "tree_nodes"):
-        value = result.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise bad(f"`result.{name}` must be a number or null")
-    qid, turn = data.get("question_id"), data.get("turn")
-    if isinstance(qid, bool) or not isinstance(qid, int | str):
-        raise bad("`question_id` must be an integer or a string")
-    if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
-        raise bad("`turn` must be an integer >= 0")
-    for name in ("category", "method"):
-        if not isinstance(data.get(name), str):
-            raise bad(f"`{name}` must be a string")
-    if isinstance(data.get("prompt_tokens"), bool) or not isinstance(
-        data.get("prompt_tokens"), int
-    ):
-        raise bad("`prompt_tokens` must be an integer")
-    fields = {f.name for f in attrs.fields(TurnResult)}
-    return TurnRecord(
-        question_id=qid,
-        category=data["category"],
-        turn=turn,
-        method=data["method"],
-        prompt_tokens=data["prompt_tokens"],
-        result=TurnResult(**{k: v for k, v in result.items() if k in fields}),
-    )
-
-
 def _first_difference(mine: Any, theirs: Any, path: str = "") -> str:
     """The first key (dotted path) where two JSON values differ."""
     if isinstance(mine, dict) and isinstance(theirs, dict):
@@ -131,27 +134,31 @@ def _first_difference(mine: Any, theirs: Any, path: str = "") -> str:
     return path.lstrip(".") or "(the whole header)"
 
 
+def _lookup(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
 class RecordLog:
     """The records file of one run: the answers it already holds, and appending more.
 
     Args:
-        path: the JSON Lines file.
-        header: :func:`records_header` of this run.
-        resume: keep the answers of an earlier run with the same header. Without it,
-            a file that already holds answers is an error (never silently replaced);
-            a missing file, or one holding only a header, starts afresh either way.
+        path: the JSON Lines file; ``header``: :func:`records_header` of this run.
+        resume: keep the answers of an earlier run with the same header. Without it, a
+            file that already holds answers is an error (never silently replaced); a
+            missing file, or one holding only a header, starts afresh either way.
 
     Nothing is written until the first :meth:`append`.
 
     Raises:
         ConfigError: the file holds answers and ``resume`` is false; its header differs
-            from this run's (the message names the first differing setting); a line
-            other than the last is not a record; the file cannot be read.
+            from this run's (naming the first differing setting); a line other than the
+            last is not a record; the file cannot be read.
     """
 
     def __init__(self, path: str | Path, header: dict[str, Any], *, resume: bool) -> None:
-        self.path = Path(path)
-        self.header = header
+        self.path, self.header = Path(path), header
         self.finished: dict[RecordKey, TurnRecord] = {}
         self._keep_bytes = 0  # bytes of the existing file to keep (a cut-off tail dropped)
         self._file: IO[str] | None = None
@@ -164,26 +171,22 @@ class RecordLog:
             raw = self.path.read_bytes()
         except OSError as exc:
             raise ConfigError(f"`--records` {str(self.path)!r} cannot be read: {exc}.") from None
-        # the part after the last newline is empty, or a line cut off by a kill: dropped
-        complete = raw.split(b"\n")[:-1]
         parsed: list[Any] = []
-        for number, line in enumerate(complete, start=1):
+        # the part after the last newline is empty, or a line cut off by a kill: dropped
+        for number, line in enumerate(raw.split(b"\n")[:-1], start=1):
             try:
                 parsed.append(json.loads(line))
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise ConfigError(
                     f"{self.path}, line {number}: not valid JSON; the records file is damaged."
                 ) from None
-            self._keep_bytes += len(line) + 1
         if not parsed:
-            self._keep_bytes = 0
             return
         header, *records = parsed
         if not isinstance(header, dict) or header.get("format") != _FORMAT:
             raise ConfigError(f"{self.path}, line 1: not a verispec bench records file.")
         if not records:
-            self._keep_bytes = 0  # only a header: start afresh
-            return
+            return  # only a header: start afresh
         if not resume:
             raise ConfigError(
                 f"`--records` {str(self.path)!r} already holds {len(records)} answers of an "
@@ -197,27 +200,26 @@ class RecordLog:
                 "run with the same settings, or use another --records file."
             )
         for number, data in enumerate(records, start=2):
-            record = _record_from_json(data, f"{self.path}, line {number}")
+            try:
+                record = from_json(TurnRecord, data, "record")
+            except ConfigError as exc:
+                raise ConfigError(f"{self.path}, line {number}: {exc}") from None
             self.finished[record_key(record)] = record
+        self._keep_bytes = sum(len(line) + 1 for line in raw.split(b"\n")[: len(parsed)])
 
     def append(self, record: TurnRecord) -> None:
         """Write one finished answer (and the header first, on a new file); flush and sync."""
         if self._file is None:
-            self._open()
-        assert self._file is not None
-        self._file.write(json.dumps(_record_to_json(record), ensure_ascii=False) + "\n")
+            if self._keep_bytes:
+                with open(self.path, "r+b") as existing:
+                    existing.truncate(self._keep_bytes)  # drop a line cut off by the kill
+            self._file = open(self.path, "a" if self._keep_bytes else "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            if not self._keep_bytes:
+                self._file.write(json.dumps(self.header) + "\n")
+        self._file.write(json.dumps(attrs.asdict(record), ensure_ascii=False) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
         self.added += 1
-
-    def _open(self) -> None:
-        if self._keep_bytes:
-            with open(self.path, "r+b") as existing:
-                existing.truncate(self._keep_bytes)  # drop a line cut off by the kill
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-            return
-        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._file.write(json.dumps(self.header) + "\n")
 
     @property
     def total(self) -> int:
@@ -230,9 +232,89 @@ class RecordLog:
             self._file = None
 
 
-def _lookup(data: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(data, dict):
-            return None
-        data = data.get(part)
-    return data
+def check_writable(path: str | Path, what: str) -> Path:
+    """Fail now, before a long run, if ``path`` cannot be written later: create (and
+    remove) a temporary file beside it and open an existing one for appending, as the
+    write will (permission bits alone say yes to root and on read-only mounts)."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ConfigError(f"`{what}` must be a file path; {str(path)!r} is a directory.")
+    if not parent.is_dir():
+        raise ConfigError(f"`{what}`: the directory {str(parent)!r} does not exist.")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+        if path.exists():
+            with open(path, "a"):
+                pass
+    except OSError as exc:
+        raise ConfigError(
+            f"`{what}` must be writable; {str(path)!r} cannot be written: {exc.strerror or exc}."
+        ) from None
+    return path
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    def write(tmp: Path) -> None:
+        tmp.write_text(text, encoding="utf-8")
+
+    write_atomic(path, write)
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def machine_info(
+    device: torch.device | str = "cpu", dtype: Any = None, runtime: str | None = None
+) -> dict[str, Any]:
+    """What ran the benchmark: CPU and its matrix instruction sets, cores, threads, GPU,
+    library versions and the model runtime."""
+    import transformers
+
+    import verispec
+    from verispec.models.runtime import cpu_features
+
+    cpu = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").exists():
+        names = [
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        cpu = names[0].split(":", 1)[1].strip() if names else cpu
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "verispec": verispec.__version__,
+        "device": str(device),
+    }
+    if dtype is not None:
+        info["dtype"] = str(dtype).replace("torch.", "")
+    info["cpu_flags"] = " ".join(cpu_features()) or "unknown"
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    if runtime:
+        info["runtime"] = runtime
+    return info

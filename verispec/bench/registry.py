@@ -1,17 +1,15 @@
 """Method specs: ``name:key=value`` strings parsed into validated, typed parameters.
 
-A benchmark method is named by a *spec*: the method's name, optionally followed
-by parameters, e.g. ``tr:template=16:k=8``. A list of specs is separated by
-commas; a comma-separated ``key=value`` item with no name continues the
-previous spec, so ``--methods ar,hf,tr:template=16,k=4,pld:max=10`` reads as
-``ar``, ``hf``, ``tr:template=16:k=4`` and ``pld:max=10``.
+A benchmark method is named by a *spec*: the method's name, optionally followed by
+parameters, e.g. ``tr:template=16:k=8``. A list of specs is separated by commas; a
+``key=value`` item with no name continues the previous spec, so
+``ar,hf,tr:template=16,k=4,pld:max=10`` reads as ``ar``, ``hf``, ``tr:template=16:k=4``
+and ``pld:max=10``.
 
-Each method is one :class:`MethodEntry`: its name, a one-line summary, its
-parameters (:class:`Param`: a type, a default, bounds or choices) and a factory
-that builds a runner once the model is loaded. The entries themselves live in
-:mod:`verispec.bench.methods`. A drafter's parameters are not declared here: they are
-read from the drafter's options (:func:`option_params`, fields made with
-:func:`verispec.core.validate.option`), whose checks, defaults and help they use.
+Each method is one :class:`MethodEntry` (the table is :mod:`verispec.bench.methods`). A
+drafter's parameters are not declared here: :func:`option_params` reads them from the
+drafter's options class (fields made with :func:`verispec.core.validate.option`), whose
+checks, defaults and help they use.
 """
 
 from __future__ import annotations
@@ -25,19 +23,16 @@ import attrs
 from verispec.core.validate import check_option
 from verispec.errors import ConfigError
 
-__all__ = [
-    "MethodEntry",
-    "MethodSpec",
-    "Param",
-    "option_defaults",
-    "option_names",
-    "option_params",
-    "parse_method",
-    "parse_methods",
-]
+__all__ = ["MethodEntry", "MethodSpec", "Param", "option_params", "parse_method", "parse_methods"]
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True}
+_BOOLS |= {"0": False, "false": False, "no": False, "off": False}
+_WANT = {
+    bool: "true or false",
+    tuple: "integers separated by dots (e.g. 4.2.2)",
+    int: "an integer",
+    float: "a number",
+}
 
 
 @attrs.frozen
@@ -46,18 +41,16 @@ class Param:
 
     Attributes:
         name: the key in the spec (``template`` in ``tr:template=16``).
-        kind: ``int``, ``float``, ``str``, ``bool`` or ``tuple`` (of integers, written
-            with dots: ``branching=4.2.2``; bounds apply to each integer).
-        default: the value when the spec does not give one; ``None`` means "the
-            drafter's own default" (the keyword is then not passed).
+        kind: ``int``, ``float``, ``str``, ``bool`` or ``tuple`` (of integers, written with
+            dots: ``branching=4.2.2``; the bounds apply to each integer).
+        default: the value when the spec gives none; ``None``: the drafter's own.
         help: one line for ``verispec methods``.
-        minimum, maximum: inclusive bounds for numbers.
-        choices: the allowed values for strings (``None``: any).
-        convert: for ``str`` parameters, a function that turns the text into the value
-            or raises ``ValueError`` with the reason (e.g. "an integer or auto").
-        shown_kind: the type as ``verispec methods`` shows it, when ``kind`` says too little.
-        option: the drafter's options field this parameter sets: its check validates the
-            typed value, and its allowed range is shown (instead of ``minimum``/``maximum``).
+        minimum, maximum: inclusive bounds of numbers; ``choices``: the allowed strings.
+        convert: turns a ``str`` value into the parameter's, or raises ``ValueError``
+            saying what is allowed (e.g. "an integer or auto").
+        shown_kind: the type as ``verispec methods`` shows it, where ``kind`` says too little.
+        option: the drafter's options field the parameter sets; its check validates the
+            value and its range is shown.
     """
 
     name: str
@@ -74,77 +67,53 @@ class Param:
     def parse(self, text: str, method: str) -> Any:
         """The typed value of ``text``; raises :class:`ConfigError` naming ``method``."""
         where = f"`{method}:{self.name}`"
-        value: Any
-        if self.kind is bool:
-            lowered = text.strip().lower()
-            if lowered not in _TRUE | _FALSE:
-                raise ConfigError(f"{where} must be true or false; got {text!r}.")
-            return lowered in _TRUE
-        if self.kind is tuple:
-            try:
-                items = tuple(int(part) for part in text.replace("x", ".").split("."))
-            except ValueError:
-                raise ConfigError(
-                    f"{where} must be integers separated by dots (e.g. 4.2.2); got {text!r}."
-                ) from None
-            for item in items:
-                self._check_bounds(item, where, text)
-            return items
-        if self.kind is int:
-            try:
-                value = int(text)
-            except ValueError:
-                raise ConfigError(f"{where} must be an integer; got {text!r}.") from None
-        elif self.kind is float:
-            try:
-                value = float(text)
-            except ValueError:
-                raise ConfigError(f"{where} must be a number; got {text!r}.") from None
-            if not math.isfinite(value):
-                raise ConfigError(f"{where} must be finite; got {text!r}.")
-        else:
-            value = text
+        value: Any = text
+        try:
+            if self.kind is bool:
+                return _BOOLS[text.strip().lower()]
+            if self.kind is tuple:
+                value = tuple(int(part) for part in text.replace("x", ".").split("."))
+            elif self.kind in (int, float):
+                value = self.kind(text)
+        except (KeyError, ValueError):
+            raise ConfigError(f"{where} must be {_WANT[self.kind]}; got {text!r}.") from None
+        if self.kind is float and not math.isfinite(value):
+            raise ConfigError(f"{where} must be finite; got {text!r}.")
+        if self.kind is str:
             if self.choices is not None and value not in self.choices:
                 raise ConfigError(
                     f"{where} must be one of {', '.join(self.choices)}; got {text!r}."
                 )
             if not value:
                 raise ConfigError(f"{where} must not be empty.")
-            if self.convert is not None:
-                try:
-                    value = self.convert(value)
-                except ValueError as exc:
-                    raise ConfigError(f"{where} must be {exc}; got {text!r}.") from None
-            if self.option is None:
-                return value
-        if self.option is not None:
+            try:
+                value = self.convert(value) if self.convert is not None else value
+            except ValueError as exc:
+                raise ConfigError(f"{where} must be {exc}; got {text!r}.") from None
+        if self.option is not None and self.kind is not tuple:
             check_option(self.option, where.strip("`"), value)
             return value
-        self._check_bounds(value, where, text)
+        numbers = value if self.kind is tuple else (value,) if self.kind is not str else ()
+        for item in numbers:
+            if self.minimum is not None and item < self.minimum:
+                raise ConfigError(f"{where} must be >= {self.minimum:g}; got {text}.")
+            if self.maximum is not None and item > self.maximum:
+                raise ConfigError(f"{where} must be <= {self.maximum:g}; got {text}.")
         return value
 
-    def _check_bounds(self, value: float, where: str, text: str) -> None:
-        if self.minimum is not None and value < self.minimum:
-            raise ConfigError(f"{where} must be >= {self.minimum:g}; got {text}.")
-        if self.maximum is not None and value > self.maximum:
-            raise ConfigError(f"{where} must be <= {self.maximum:g}; got {text}.")
-
-    def describe(self, native: Any = None) -> str:
-        """One line: name, type, bounds, default (``native``: the drafter's own default)."""
+    def describe(self) -> str:
+        """One line for ``verispec methods``: name, type, bounds, default and help."""
         kind = self.shown_kind or ("ints a.b.c" if self.kind is tuple else self.kind.__name__)
-        if self.choices:
-            kind = "|".join(self.choices)
-        bounds = ""
+        kind = "|".join(self.choices) if self.choices else kind
+        low, high = self.minimum, self.maximum
         if self.option is not None and self.option.metadata["range"]:
             bounds = " " + self.option.metadata["range"]
-        elif self.minimum is not None and self.maximum is not None:
-            bounds = f" in [{self.minimum:g}, {self.maximum:g}]"
-        elif self.minimum is not None:
-            bounds = f" >= {self.minimum:g}"
-        elif self.maximum is not None:
-            bounds = f" <= {self.maximum:g}"
-        shown = self.default if self.default is not None else native
-        default = "unset" if shown is None else _show(shown)
+        elif low is not None and high is not None:
+            bounds = f" in [{low:g}, {high:g}]"
+        else:
+            bounds = f" >= {low:g}" if low is not None else ""
+            bounds += f" <= {high:g}" if high is not None else ""
+        default = "unset" if self.default is None else show(self.default)
         return f"{self.name} ({kind}{bounds}, default {default}): {self.help}"
 
 
@@ -153,22 +122,16 @@ class MethodEntry:
     """One benchmark method.
 
     Attributes:
-        name: the spec name (``tr``).
-        summary: one line for ``verispec methods``.
+        name: the spec name (``tr``); ``summary``: one line for ``verispec methods``.
         params: the parameters the spec may set.
-        build: ``build(context, params) -> runner``; ``params`` holds every parameter,
-            defaults filled in. Called after the model is loaded.
-        availability: returns ``None`` when the method can run in this installation,
-            otherwise the reason it cannot (a drafter module not installed, a
-            transformers feature missing). Must not load the model.
-        native_defaults: the drafter's own defaults of the parameters whose registry
-            default is ``None`` (read from its constructor); ``{}`` when unknown.
+        build: ``build(context, params) -> runner``, called once the model is loaded;
+            ``params`` holds every parameter, defaults filled in.
+        availability: ``None`` when the method can run in this installation, else why
+            not (a transformers feature missing, an optional extra not installed).
         drafter: for verispec's own methods, ``drafter(target, params, draft_model)``
-            builds the method's drafter (``None`` for ``ar``); ``None`` for the peers
-            (transformers, llama.cpp), which are not drafters.
-        extra: the pip extra that provides an optional peer (``"llamacpp"``); the
-            benchmark skips such a method, saying why, where it cannot run (not installed,
-            or no GGUF file), instead of failing.
+            builds the drafter (``None`` for ``ar``); ``None`` for the peers.
+        extra: the pip extra of an optional peer (``"llamacpp"``): the benchmark skips
+            such a method, saying why, where it cannot run.
     """
 
     name: str
@@ -176,7 +139,6 @@ class MethodEntry:
     params: tuple[Param, ...]
     build: Callable[[Any, dict[str, Any]], Any]
     availability: Callable[[], str | None] = attrs.field(default=lambda: None)
-    native_defaults: Callable[[], dict[str, Any]] = attrs.field(default=dict)
     drafter: Callable[[Any, dict[str, Any], Any], Any] | None = None
     extra: str | None = None
 
@@ -193,13 +155,8 @@ class MethodEntry:
 
 @attrs.frozen
 class MethodSpec:
-    """A parsed method spec.
-
-    Attributes:
-        name: the method's registry name.
-        given: the parameters the spec set, in the order given, already typed.
-        defaults: every parameter's default (filled in from the registry).
-    """
+    """A parsed spec: the method's name, the parameters it set (typed, in the order
+    given) and every parameter's default."""
 
     name: str
     given: tuple[tuple[str, Any], ...] = ()
@@ -207,10 +164,8 @@ class MethodSpec:
 
     @property
     def label(self) -> str:
-        """The spec as it is shown in tables: ``tr:template=16``."""
-        if not self.given:
-            return self.name
-        return self.name + ":" + ":".join(f"{k}={_show(v)}" for k, v in self.given)
+        """The spec as tables show it: ``tr:template=16``."""
+        return ":".join([self.name, *(f"{k}={show(v)}" for k, v in self.given)])
 
     @property
     def params(self) -> dict[str, Any]:
@@ -221,16 +176,13 @@ class MethodSpec:
         return self.label
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """A parameter's value as a spec writes it: ``true``, ``4.2.2``, ``16``."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, tuple):
+    if isinstance(value, list | tuple):
         return ".".join(str(v) for v in value)
     return str(value)
-
-
-def _known(registry: Mapping[str, MethodEntry]) -> str:
-    return ", ".join(registry)
 
 
 def parse_method(
@@ -240,16 +192,15 @@ def parse_method(
     head, *rest = [part.strip() for part in text.strip().split(":")]
     if not head:
         raise ConfigError(f"a method spec must start with a method name; got {text!r}.")
-    entry = registry.get(head)
-    if entry is None:
+    if head not in registry:
         raise ConfigError(
-            f"unknown method `{head}`; allowed: {_known(registry)}. "
+            f"unknown method `{head}`; allowed: {', '.join(registry)}. "
             "Run `verispec methods` for their parameters."
         )
+    entry = registry[head]
     given: dict[str, Any] = {}
     for item in [*rest, *extra]:
-        key, sep, value = item.partition("=")
-        key = key.strip()
+        key, sep, value = (part.strip() for part in item.partition("="))
         if not sep or not key:
             raise ConfigError(
                 f"method `{head}`: parameters are written `key=value`; got {item!r} in {text!r}."
@@ -257,46 +208,34 @@ def parse_method(
         param = entry.param(key)
         if key in given:
             raise ConfigError(f"method `{head}`: parameter `{key}` is given twice.")
-        given[key] = param.parse(value.strip(), head)
-    try:
-        native = entry.native_defaults()
-    except ConfigError:  # the drafter is not installed: no defaults to show
-        native = {}
-    defaults = tuple(
-        (p.name, p.default if p.default is not None else native.get(p.name)) for p in entry.params
-    )
+        given[key] = param.parse(value, head)
+    defaults = tuple((p.name, p.default) for p in entry.params)
     return MethodSpec(name=head, given=tuple(given.items()), defaults=defaults)
 
 
 def parse_methods(
     texts: str | Sequence[str], registry: Mapping[str, MethodEntry]
 ) -> list[MethodSpec]:
-    """Parse a comma-separated list of specs (or several such lists).
+    """Parse comma-separated lists of specs.
 
     Raises:
-        ConfigError: an unknown method or parameter (the message lists what is
-            allowed), a malformed value, an empty list, or the same spec twice.
+        ConfigError: an unknown method or parameter (the message lists what is allowed),
+            a malformed value, an empty list, or the same spec twice.
     """
-    if isinstance(texts, str):
-        texts = [texts]
     groups: list[tuple[str, list[str]]] = []
-    for text in texts:
-        for raw in text.split(","):
-            item = raw.strip()
-            if not item:
-                continue
+    for text in [texts] if isinstance(texts, str) else texts:
+        for item in filter(None, (raw.strip() for raw in text.split(","))):
             key, sep, _ = item.partition("=")
-            if sep and ":" not in key:
-                # `k=4` continues the previous spec: `tr:template=16,k=4`.
-                if not groups:
-                    raise ConfigError(
-                        f"parameter {item!r} comes before any method name; write `name:key=value`."
-                    )
+            if not (sep and ":" not in key):
+                groups.append((item, []))
+            elif groups:  # `k=4` continues the previous spec: `tr:template=16,k=4`
                 groups[-1][1].append(item)
             else:
-                groups.append((item, []))
+                raise ConfigError(
+                    f"parameter {item!r} comes before any method name; write `name:key=value`."
+                )
     if not groups:
-        raise ConfigError(f"no method given; allowed: {_known(registry)}.")
+        raise ConfigError(f"no method given; allowed: {', '.join(registry)}.")
     specs = [parse_method(head, registry, extra) for head, extra in groups]
     labels = [spec.label for spec in specs]
     for i, label in enumerate(labels):
@@ -307,51 +246,37 @@ def parse_methods(
 
 def _auto_or_int(shown: str) -> Callable[[str], int | str]:
     def convert(text: str) -> int | str:
-        if text == "auto":
-            return text
         try:
-            return int(text)
+            return text if text == "auto" else int(text)
         except ValueError:
             raise ValueError(f"an integer {shown} or `auto`") from None
 
     return convert
 
 
-_KIND = {"int": int, "float": float, "bool": bool}
-
-
-def _spec_name(field: Any) -> str:
-    return field.metadata.get("spec") or field.name
-
-
 def option_params(options: type, names: Sequence[str]) -> tuple[Param, ...]:
-    """The parameters ``names`` (spec names) of a drafter's options class, in that order.
-
-    Each takes its type, help and check from the options field; its default is ``None``
-    (the drafter's own: :func:`option_defaults`).
-    """
-    fields = {_spec_name(f): f for f in attrs.fields(options)}
+    """The parameters ``names`` (spec names) of a drafter's options class, in that order,
+    each with the field's default, help and check."""
+    fields = {f.metadata.get("spec") or f.name: f for f in attrs.fields(options)}
     params = []
     for name in names:
         field = fields[name]
-        kind = field.metadata["kind"]
+        kind, help = field.metadata["kind"], field.metadata["help"]
         if kind == "ints":  # each integer bounded when parsed, the whole by the drafter
-            params.append(Param(name, tuple, None, field.metadata["help"], 1, option=field))
+            params.append(Param(name, tuple, field.default, help, 1, option=field))
         elif kind == "int|auto":
+            convert = _auto_or_int(field.metadata["range"])
             params.append(
-                Param(name, str, None, field.metadata["help"],
-                      convert=_auto_or_int(field.metadata["range"]), shown_kind=kind, option=field)
-            )  # fmt: skip
+                Param(
+                    name, str, field.default, help, convert=convert, shown_kind=kind, option=field
+                )
+            )
         else:
-            params.append(Param(name, _KIND[kind], None, field.metadata["help"], option=field))
+            kinds = {"int": int, "float": float, "bool": bool}
+            params.append(Param(name, kinds[kind], field.default, help, option=field))
     return tuple(params)
-
-
-def option_defaults(options: type) -> dict[str, Any]:
-    """The defaults of a drafter's options, by spec name."""
-    return {_spec_name(f): f.default for f in attrs.fields(options)}
 
 
 def option_names(options: type) -> dict[str, str]:
     """Spec name -> constructor keyword, where they differ (``max`` -> ``max_tokens``)."""
-    return {_spec_name(f): f.name for f in attrs.fields(options) if _spec_name(f) != f.name}
+    return {f.metadata["spec"]: f.name for f in attrs.fields(options) if f.metadata.get("spec")}

@@ -1,56 +1,37 @@
-"""Figures from a benchmark run, and the terminal table, JSON and Markdown that show them.
+"""Figures from a benchmark run; the tables, Markdown and JSON that show them; merging.
 
-Definitions (the same for every method, overall and per category):
-
-* **tokens/s** — new tokens over wall-clock seconds, summed over every measured
-  answer (prefill included; warm-up excluded).
-* **MAT** — mean accepted tokens per step: tokens committed over target forwards
-  that produced them (verispec counts the extra token; for ``generate`` every target
-  forward counts, the prefill included, since it yields the first token).
-* **nodes/step** — draft-tree nodes scored per target forward.
-* **vs hf, vs ar** — tokens/s over the tokens/s of ``hf`` / ``ar`` on the same answers.
-* **identical** — the share of answers token-identical to the reference: at
-  temperature 0 the greedy reference (``hf`` if it ran, else ``ar``); at temperature
-  > 0 ``ar`` with the same seed, for verispec's methods (with the default verifier,
-  every drafter of fixed candidates reproduces it: docs/exactness.rst, "Seeds and
-  reproducibility"; draft-model trees are exact in law but draw differently).
-  transformers' peers (``hf*``) sample from torch's global generator and are not
-  compared at temperature > 0.
-* **peak MiB** — the largest per-answer peak: CUDA allocation on a GPU, else the
-  process's resident set (model weights included).
-* **draft / target / verify** — shares of the wall-clock time; the rest is the loop
-  and the host (``generate``'s own drafting where it cannot be separated).
-
-:class:`Figures` store sums over answers (tokens, seconds, steps, committed tokens,
-tree nodes, the time split, identical answers) and derive every ratio, so the reports
-of runs over disjoint answers (a run sharded with ``--categories``) merge by addition
-(``Figures.__add__``), and a report renders without its run: :mod:`verispec.bench.merge`
-reads ``to_json``'s output back and merges shards.
+The figures (tokens/s, MAT, nodes/step, vs hf / vs ar, identical, peak MiB and the
+draft/target/verify split) are defined in docs/benchmarks.rst, "What each figure means".
+:class:`Figures` store sums over answers and derive every ratio: a group's figures are the
+sum of its answers' (:meth:`Figures.of`), a report renders without its run
+(:func:`report_from_json` reads :func:`to_json`'s output back), and the reports of runs
+over disjoint answers (shards split with ``--categories``) merge by addition
+(:func:`merge_reports`). Reports written before the figures stored ``committed`` and
+``tree_nodes`` are read too: those sums are recovered as ``round(MAT x steps)`` and
+``round(nodes/step x steps)``.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import functools
+import json
+import operator
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
 
-from verispec.bench.runner import BenchRun, TurnRecord
+from verispec.bench.records import from_json, json_object
+from verispec.bench.runner import BenchRun, TurnRecord, TurnResult
+from verispec.errors import ConfigError
 
 __all__ = [
-    "BenchReport",
-    "Figures",
-    "identical_note",
-    "render_category_table",
-    "render_markdown",
-    "render_table",
-    "summarise",
-    "to_json",
-]
-
-_MIB = float(1 << 20)
-
+    "BenchReport", "Figures", "identical_note", "load_report", "merge_reports",
+    "render_category_table", "render_markdown", "render_table", "report_from_json", "summarise",
+    "to_json"
+]  # fmt: skip
 
 _PARTS = ("draft", "target", "verify")  # the measured parts of the time split
 
@@ -109,24 +90,43 @@ class Figures:
 
     def __add__(self, other: Figures) -> Figures:
         """The figures over both groups of answers (disjoint); speedups left unset."""
-        nodes = None if None in (self.tree_nodes, other.tree_nodes) else 0
-        split = None
-        if self.time_split is not None and other.time_split is not None:
-            mine, theirs = self.time_split, other.time_split
-            parts = {p: mine[p] + theirs[p] for p in _PARTS if p in mine and p in theirs}
-            split = _with_other(parts, self.seconds + other.seconds)
-        counts = (self.identical_count, other.identical_count)
+
+        def plus(mine: Any, theirs: Any) -> Any:
+            if mine is None or theirs is None:
+                return None
+            if isinstance(mine, dict):
+                return {k: mine.get(k, 0) + theirs.get(k, 0) for k in {**mine, **theirs}}
+            return mine + theirs
+
+        sums = {
+            f.name: plus(getattr(self, f.name), getattr(other, f.name))
+            for f in attrs.fields(Figures)
+            if not f.name.startswith("speedup")
+        }
+        if sums["time_split"] is not None:
+            parts = {p: sums["time_split"][p] for p in _PARTS if p in sums["time_split"]}
+            sums["time_split"] = _with_other(parts, sums["seconds"])
         return Figures(
-            outputs=self.outputs + other.outputs,
-            new_tokens=self.new_tokens + other.new_tokens,
-            seconds=self.seconds + other.seconds,
-            steps=self.steps + other.steps,
-            committed=self.committed + other.committed,
-            tree_nodes=None if nodes is None else self.tree_nodes + other.tree_nodes,  # type: ignore[operator]
-            peak_memory_mib=max(self.peak_memory_mib, other.peak_memory_mib),
-            time_split=split,
-            identical_count=None if None in counts else sum(counts),  # type: ignore[arg-type]
-            finish_reasons=dict(Counter(self.finish_reasons) + Counter(other.finish_reasons)),
+            **{**sums, "peak_memory_mib": max(self.peak_memory_mib, other.peak_memory_mib)}
+        )
+
+    @classmethod
+    def of(cls, result: TurnResult, identical: bool | None) -> Figures:
+        """The figures of one answer (``identical``: to the reference; ``None``: not compared)."""
+        parts = {p: getattr(result, f"{p}_s") for p in _PARTS}
+        known = {p: float(seconds) for p, seconds in parts.items() if seconds is not None}
+        split = None if result.target_s is None else _with_other(known, result.seconds)
+        return cls(
+            1,
+            len(result.tokens),
+            result.seconds,
+            result.steps,
+            result.committed,
+            result.tree_nodes,
+            result.peak_memory / float(1 << 20),
+            split,
+            None if identical is None else int(identical),
+            {result.finish_reason: 1},
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -139,9 +139,6 @@ class Figures:
 class BenchReport:
     """The summary of a :class:`~verispec.bench.runner.BenchRun`, or of several merged.
 
-    Everything the tables, the JSON and the plots show is here; ``run`` is kept only
-    when the report was summarised in this process.
-
     Attributes:
         methods: figures per method label, in the run's order.
         per_category: figures per category, then per method label.
@@ -149,14 +146,12 @@ class BenchReport:
             temperature 0, ``ar`` above (``None`` when neither ran).
         mismatches: answers that differ from the reference: method, question id,
             turn and the index of the first differing token.
-        config: the run's settings: ``BenchConfig``'s fields plus ``methods`` (labels),
-            ``questions``, ``answers_per_method`` and ``categories``.
+        config: ``BenchConfig``'s fields plus ``methods`` (labels), ``questions``,
+            ``answers_per_method`` and ``categories``.
         specs: per method label, the method's registry name and every parameter.
         run: the raw measurements (``None`` for a report loaded from JSON or merged).
-        machine: what ran it, when known (loaded reports); shown unless the renderers
-            are given another.
-        command: the command line that produced it: a string, or for a merged
-            report one string per shard, in merge order.
+        machine: what ran it, when known (loaded reports); the renderers' default.
+        command: the command line that produced it, or one per shard of a merged report.
     """
 
     methods: dict[str, Figures]
@@ -170,220 +165,151 @@ class BenchReport:
     command: str | list[str] | None = None
 
 
+def _with_speedups(raw: dict[str, Figures]) -> dict[str, Figures]:
+    """Figures of one group of answers, each with its speedups over ``hf`` and ``ar``."""
+    rates = {peer: raw[peer].tokens_per_s for peer in ("hf", "ar") if peer in raw}
+
+    def speedups(figures: Figures) -> dict[str, Any]:
+        return {
+            f"speedup_vs_{peer}": figures.tokens_per_s / rates[peer] if rates.get(peer) else None
+            for peer in ("hf", "ar")
+        }
+
+    return {label: attrs.evolve(figures, **speedups(figures)) for label, figures in raw.items()}
+
+
 def _key(record: TurnRecord) -> tuple[str, int]:
     return (str(record.question_id), record.turn)
 
 
-def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
-def _figures(
-    records: Sequence[TurnRecord],
-    reference: dict[tuple[str, int], tuple[int, ...]] | None,
-) -> Figures:
-    results = [r.result for r in records]
-    seconds = sum(r.seconds for r in results)
-    nodes = [r.tree_nodes for r in results]
-    split: dict[str, float] | None = None
-    if results and all(r.target_s is not None for r in results):
-        values = {p: [getattr(r, f"{p}_s") for r in results] for p in _PARTS}
-        known = {p: v for p, v in values.items() if None not in v}
-        split = _with_other({p: float(sum(v)) for p, v in known.items()}, seconds)
-    identical_count = None
-    if reference is not None:
-        identical_count = sum(reference.get(_key(r)) == r.result.tokens for r in records)
-    return Figures(
-        outputs=len(records),
-        new_tokens=sum(len(r.tokens) for r in results),
-        seconds=seconds,
-        steps=sum(r.steps for r in results),
-        committed=sum(r.committed for r in results),
-        tree_nodes=None if None in nodes else sum(nodes),  # type: ignore[arg-type]
-        peak_memory_mib=max((r.peak_memory for r in results), default=0) / _MIB,
-        time_split=split,
-        identical_count=identical_count,
-        finish_reasons=dict(Counter(r.finish_reason for r in results)),
-    )
-
-
-def _group(
-    records: Sequence[TurnRecord], labels: Sequence[str], reference: Any, compared: set[str]
-) -> dict[str, Figures]:
-    raw = {
-        label: _figures(
-            [r for r in records if r.method == label], reference if label in compared else None
-        )
-        for label in labels
-    }
-    return _with_speedups(raw)
-
-
-def _is_hf_peer(name: str) -> bool:
-    """transformers' own methods (``hf``, ``hf-pld``...): they sample with torch's global RNG."""
-    return name == "hf" or name.startswith("hf-")
-
-
-def _with_speedups(raw: dict[str, Figures]) -> dict[str, Figures]:
-    """Figures of one group of answers, each method's speedups over ``hf`` and ``ar``."""
-    out = {}
-    for label, figures in raw.items():
-        speedups: dict[str, Any] = {}
-        for peer in ("hf", "ar"):
-            base = raw.get(peer)
-            ok = base is not None and base.tokens_per_s > 0
-            speedups[f"speedup_vs_{peer}"] = (
-                figures.tokens_per_s / base.tokens_per_s if ok and base else None
-            )
-        out[label] = attrs.evolve(figures, **speedups)
-    return out
+def _total(figures: Sequence[Figures]) -> Figures:
+    return functools.reduce(operator.add, figures)
 
 
 def summarise(run: BenchRun) -> BenchReport:
     """Aggregate a run's answers per method and per category."""
-    labels = run.labels
     greedy = run.config.temperature == 0
-    peers = ("hf", "ar") if greedy else ("ar",)
-    reference_label = next((peer for peer in peers if peer in labels), None)
-    compared = {s.label for s in run.methods if greedy or not _is_hf_peer(s.name)}
-    reference = None
-    mismatches: list[dict[str, Any]] = []
+    reference_label = next(
+        (p for p in ("hf", "ar") if p in run.labels and (greedy or p == "ar")), None
+    )
+    # transformers' peers sample with torch's global generator: compared only when greedy
+    compared = {s.label for s in run.methods if greedy or not s.name.startswith("hf")}
+    reference, mismatches = None, []
     if reference_label is not None:
         reference = {_key(r): r.result.tokens for r in run.records if r.method == reference_label}
         for r in run.records:
             want = reference.get(_key(r))
-            if (
-                r.method != reference_label
-                and r.method in compared
-                and want is not None
-                and want != r.result.tokens
-            ):
+            if r.method in compared and want is not None and want != r.result.tokens:
+                pairs = zip(want, r.result.tokens, strict=False)
+                first = next(
+                    (i for i, (a, b) in enumerate(pairs) if a != b),
+                    min(len(want), len(r.result.tokens)),
+                )
                 mismatches.append(
                     {
                         "method": r.method,
                         "question_id": r.question_id,
                         "turn": r.turn,
-                        "first_diff": _first_diff(want, r.result.tokens),
+                        "first_diff": first,
                     }
                 )
-    categories = list(dict.fromkeys(r.category for r in run.records))
-    per_category = {
-        category: _group(
-            [r for r in run.records if r.category == category], labels, reference, compared
-        )
-        for category in categories
+
+    def figures(r: TurnRecord) -> Figures:
+        want = None if reference is None or r.method not in compared else reference.get(_key(r))
+        return Figures.of(r.result, None if want is None else want == r.result.tokens)
+
+    def group(records: Sequence[TurnRecord]) -> dict[str, Figures]:
+        by_method = {
+            label: [figures(r) for r in records if r.method == label] for label in run.labels
+        }
+        return _with_speedups({label: _total(f) for label, f in by_method.items()})
+
+    categories = dict.fromkeys(r.category for r in run.records)
+    config = {
+        **attrs.asdict(run.config),
+        "methods": run.labels,
+        "questions": len(run.questions),
+        "answers_per_method": sum(len(q.turns) for q in run.questions),
+        "categories": list(dict.fromkeys(q.category for q in run.questions)),
     }
     return BenchReport(
-        methods=_group(run.records, labels, reference, compared),
-        per_category=per_category,
+        methods=group(run.records),
+        per_category={c: group([r for r in run.records if r.category == c]) for c in categories},
         reference=reference_label,
         mismatches=mismatches,
-        config=_config_dict(run),
+        config=config,
         specs={spec.label: (spec.name, spec.params) for spec in run.methods},
         run=run,
     )
 
 
-# -- rendering ------------------------------------------------------------------------
+# -- rendering: one table builder for the terminal and Markdown ------------------------
 
 
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def _share(figures: Figures) -> str:
-    if figures.identical_count is None:
-        return "-"
-    return f"{figures.identical_count}/{figures.outputs}"
-
-
-def _split(figures: Figures) -> list[str]:
-    split = figures.time_split
-    cells = []
-    for part in ("draft", "target", "verify"):
-        if split is None or part not in split or figures.seconds <= 0:
-            cells.append("-")
-        else:
-            cells.append(f"{100 * split[part] / figures.seconds:.0f}%")
-    return cells
-
-
-_HEAD = ["method", "answers", "tok/s", "MAT", "nodes/step", "vs hf", "vs ar", "identical"]
-_TAIL = ["peak MiB", "draft", "target", "verify"]
-
-
-def _rows(report: BenchReport) -> list[list[str]]:
-    rows = []
-    for label, f in report.methods.items():
-        tree = "-" if f.mean_tree_size is None else f"{f.mean_tree_size:.1f}"
-        rows.append(
-            [
-                label,
-                str(f.outputs),
-                f"{f.tokens_per_s:.2f}",
-                f"{f.mean_accepted:.2f}",
-                tree,
-                _x(f.speedup_vs_hf),
-                _x(f.speedup_vs_ar),
-                _share(f),
-                f"{f.peak_memory_mib:.0f}",
-                *_split(f),
-            ]
-        )
-    return rows
-
-
-def _category_rows(report: BenchReport) -> list[list[str]]:
-    rows = []
-    for category, methods in report.per_category.items():
-        for label, f in methods.items():
-            rows.append(
-                [
-                    category,
-                    label,
-                    str(f.outputs),
-                    f"{f.tokens_per_s:.2f}",
-                    f"{f.mean_accepted:.2f}",
-                    _x(f.speedup_vs_hf),
-                    _x(f.speedup_vs_ar),
-                    _share(f),
-                ]
-            )
-    return rows
-
-
-_CATEGORY_HEAD = ["category", "method", "answers", "tok/s", "MAT", "vs hf", "vs ar", "identical"]
-
-
-def _text_table(head: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(c)) for c in column) for column in zip(head, *rows, strict=True)]
+def _table(head: list[str], rows: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        align = ["---", *(["---:"] * (len(head) - 1))]
+        return "\n".join("| " + " | ".join(cells) + " |" for cells in [head, align, *rows])
+    widths = [max(len(c) for c in column) for column in zip(head, *rows, strict=True)]
 
     def line(cells: list[str]) -> str:
-        first = cells[0].ljust(widths[0])
-        rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
-        return "  ".join([first, *rest]).rstrip()
+        right = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        return "  ".join([cells[0].ljust(widths[0]), *right]).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(head), rule, *(line(r) for r in rows)])
+    return "\n".join([line(head), rule, *(line(cells) for cells in rows)])
 
 
-def _md_table(head: list[str], rows: list[list[str]]) -> str:
-    align = ["---", *(["---:"] * (len(head) - 1))]
-    lines = ["| " + " | ".join(cells) + " |" for cells in [head, align, *rows]]
-    return "\n".join(lines)
+def _cells(f: Figures) -> dict[str, str]:
+    """Every column a table may show, for one method's figures."""
+
+    def share(part: str) -> str:
+        split = f.time_split
+        if split is None or part not in split or f.seconds <= 0:
+            return "-"
+        return f"{100 * split[part] / f.seconds:.0f}%"
+
+    return {
+        "answers": str(f.outputs),
+        "tok/s": f"{f.tokens_per_s:.2f}",
+        "MAT": f"{f.mean_accepted:.2f}",
+        "nodes/step": "-" if f.mean_tree_size is None else f"{f.mean_tree_size:.1f}",
+        "vs hf": "-" if f.speedup_vs_hf is None else f"{f.speedup_vs_hf:.2f}x",
+        "vs ar": "-" if f.speedup_vs_ar is None else f"{f.speedup_vs_ar:.2f}x",
+        "identical": "-" if f.identical_count is None else f"{f.identical_count}/{f.outputs}",
+        "peak MiB": f"{f.peak_memory_mib:.0f}",
+        **{part: share(part) for part in _PARTS},
+    }
 
 
-def render_table(report: BenchReport) -> str:
-    """The per-method table for the terminal."""
-    return _text_table(_HEAD + _TAIL, _rows(report))
+_COLUMNS = [
+    "answers",
+    "tok/s",
+    "MAT",
+    "nodes/step",
+    "vs hf",
+    "vs ar",
+    "identical",
+    "peak MiB",
+    *_PARTS,
+]
+_CATEGORY_COLUMNS = ["answers", "tok/s", "MAT", "vs hf", "vs ar", "identical"]
 
 
-def render_category_table(report: BenchReport) -> str:
-    """The per-category, per-method table for the terminal."""
-    return _text_table(_CATEGORY_HEAD, _category_rows(report))
+def render_table(report: BenchReport, *, markdown: bool = False) -> str:
+    """The per-method table, for the terminal or (``markdown``) as Markdown."""
+    rows = [[label, *(_cells(f)[c] for c in _COLUMNS)] for label, f in report.methods.items()]
+    return _table(["method", *_COLUMNS], rows, markdown)
+
+
+def render_category_table(report: BenchReport, *, markdown: bool = False) -> str:
+    """The per-category, per-method table, for the terminal or as Markdown."""
+    rows = [
+        [category, label, *(_cells(f)[c] for c in _CATEGORY_COLUMNS)]
+        for category, group in report.per_category.items()
+        for label, f in group.items()
+    ]
+    return _table(["category", "method", *_CATEGORY_COLUMNS], rows, markdown)
 
 
 def identical_note(report: BenchReport) -> str:
@@ -396,19 +322,8 @@ def identical_note(report: BenchReport) -> str:
     )
 
 
-def _config_dict(run: BenchRun) -> dict[str, Any]:
-    config = attrs.asdict(run.config)
-    config["methods"] = run.labels
-    config["questions"] = len(run.questions)
-    config["answers_per_method"] = sum(len(q.turns) for q in run.questions)
-    config["categories"] = list(dict.fromkeys(q.category for q in run.questions))
-    return config
-
-
 def _commands(command: str | list[str] | None) -> list[str]:
-    if command is None:
-        return []
-    return [command] if isinstance(command, str) else list(command)
+    return [] if command is None else [command] if isinstance(command, str) else list(command)
 
 
 def render_markdown(
@@ -416,16 +331,12 @@ def render_markdown(
     machine: dict[str, Any] | None = None,
     command: str | list[str] | None = None,
 ) -> str:
-    """A Markdown report: command, machine, settings, both tables, mismatches.
-
-    ``machine`` and ``command`` default to the report's own (those of a loaded report).
-    """
+    """A Markdown report: command, machine, settings, both tables, mismatches
+    (``machine`` and ``command`` default to the report's own)."""
     config = report.config
     machine = machine if machine is not None else report.machine
     commands = _commands(command if command is not None else report.command)
-    lines = ["# verispec bench", ""]
-    if commands:
-        lines += ["```", *commands, "```", ""]
+    lines = ["# verispec bench", ""] + (["```", *commands, "```", ""] if commands else [])
     keys = ["max_new_tokens", "temperature", "seed"]
     if config.get("temperature"):
         keys += [k for k in ("top_k", "top_p", "min_p", "verifier") if k in config]
@@ -441,8 +352,8 @@ def render_markdown(
     ]
     if machine:
         lines += ["Machine: " + "; ".join(f"{k}: {v}" for k, v in machine.items()), ""]
-    lines += ["## Per method", "", _md_table(_HEAD + _TAIL, _rows(report)), ""]
-    lines += ["## Per category", "", _md_table(_CATEGORY_HEAD, _category_rows(report)), ""]
+    lines += ["## Per method", "", render_table(report, markdown=True), ""]
+    lines += ["## Per category", "", render_category_table(report, markdown=True), ""]
     if report.reference is not None:
         lines += [f"Identical: {identical_note(report)}", ""]
         if report.mismatches:
@@ -451,8 +362,7 @@ def render_markdown(
                 f"- `{m['method']}` question {m['question_id']} turn {m['turn']}: "
                 f"token {m['first_diff']}"
                 for m in report.mismatches
-            ]
-            lines.append("")
+            ] + [""]
     lines += [
         "tok/s: new tokens per wall-clock second (prefill included). MAT: tokens committed per "
         "target forward. vs hf / vs ar: tokens/s ratio on the same answers. Peak: per-answer "
@@ -463,16 +373,16 @@ def render_markdown(
     return "\n".join(lines)
 
 
+# -- JSON, and merging the reports of shards --------------------------------------------
+
+
 def to_json(
     report: BenchReport,
     machine: dict[str, Any] | None = None,
     command: str | list[str] | None = None,
 ) -> dict[str, Any]:
-    """The report as JSON-ready data: ``{"methods", "per_category", "machine", "command", ...}``.
-
-    ``machine`` and ``command`` default to the report's own;
-    :func:`~verispec.bench.merge.report_from_json` reads the result back.
-    """
+    """The report as JSON-ready data (``machine`` and ``command`` default to the report's
+    own); :func:`report_from_json` reads it back."""
     methods = {}
     for label, figures in report.methods.items():
         name, params = report.specs.get(label, (label, {}))
@@ -480,8 +390,8 @@ def to_json(
     return {
         "methods": methods,
         "per_category": {
-            category: {label: f.as_dict() for label, f in methods.items()}
-            for category, methods in report.per_category.items()
+            category: {label: f.as_dict() for label, f in group.items()}
+            for category, group in report.per_category.items()
         },
         "reference": report.reference,
         "mismatches": report.mismatches,
@@ -489,3 +399,176 @@ def to_json(
         "machine": machine or report.machine or {},
         "command": command if command is not None else report.command,
     }
+
+
+def _figures_from_json(data: Any, where: str) -> Figures:
+    data = json_object(data, where)
+    if "committed" not in data and "mean_accepted" in data:  # a report from before issue 14
+        steps, size = data.get("steps"), data.get("mean_tree_size")
+        if isinstance(steps, int) and isinstance(data["mean_accepted"], int | float):
+            nodes = None if not isinstance(size, int | float) else round(size * steps)
+            data = {**data, "committed": round(data["mean_accepted"] * steps), "tree_nodes": nodes}
+    return from_json(Figures, data, where)
+
+
+def report_from_json(data: Any) -> BenchReport:
+    """Rebuild a report from :func:`to_json`'s output (``run`` is ``None``).
+
+    Raises:
+        ConfigError: a key is missing or holds the wrong type (the message names it).
+    """
+    data = json_object(data, "report")
+    methods, specs = {}, {}
+    for label, entry in json_object(data.get("methods"), "methods").items():
+        entry = json_object(entry, f"methods.{label}")
+        name, params = entry.get("method"), entry.get("params")
+        if not isinstance(name, str) or not isinstance(params, dict):
+            raise ConfigError(
+                f"`methods.{label}` must hold `method` (a string) and `params` (an object); "
+                f"got {type(name).__name__} and {type(params).__name__}."
+            )
+        methods[label], specs[label] = _figures_from_json(entry, f"methods.{label}"), (name, params)
+    per_category = {
+        category: _with_speedups(
+            {
+                label: _figures_from_json(f, f"per_category.{category}.{label}")
+                for label, f in json_object(group, f"per_category.{category}").items()
+            }
+        )
+        for category, group in json_object(data.get("per_category"), "per_category").items()
+    }
+    mismatches = data.get("mismatches") or []
+    command = data.get("command")
+    if not isinstance(mismatches, list):
+        raise ConfigError(f"`mismatches` must be a list; got {type(mismatches).__name__}.")
+    if not (command is None or isinstance(command, str | list)):
+        raise ConfigError(f"`command` must be a string or a list; got {type(command).__name__}.")
+    return BenchReport(
+        _with_speedups(methods),
+        per_category,
+        data.get("reference"),
+        mismatches,
+        json_object(data.get("config"), "config"),
+        specs,
+        machine=json_object(data.get("machine") or {}, "machine"),
+        command=command,
+    )
+
+
+def load_report(path: str | Path) -> BenchReport:
+    """Read a JSON report written by ``verispec bench --json``.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not JSON or not a report (naming it).
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"`{path}` must be an existing JSON report; no such file.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"`{path}` must be a readable JSON report; got {exc}.") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"`{path}` must be valid JSON; got {exc}.") from None
+    try:
+        return report_from_json(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: not a `verispec bench --json` report: {exc}") from None
+
+
+# Settings every shard must share: the answers are only comparable under the same ones.
+_SHARED = {
+    "config": (
+        "max_new_tokens",
+        "temperature",
+        "seed",
+        "chat",
+        "warmup",
+        "top_k",
+        "top_p",
+        "min_p",
+        "verifier",
+        "carry_corpus",
+    ),
+    "machine": ("dtype", "device"),
+}
+
+
+def _categories(report: BenchReport) -> list[str]:
+    return list(report.config.get("categories") or report.per_category)
+
+
+def merge_reports(
+    reports: Sequence[BenchReport], names: Sequence[str] | None = None
+) -> BenchReport:
+    """Merge reports of runs over disjoint answers (e.g. split with ``--categories``).
+
+    Per-method figures are the sums of the shards', with the speedups recomputed;
+    per-category figures are taken as they are. ``config`` sums ``questions`` and
+    ``answers_per_method`` and concatenates ``categories``; ``machine`` is the first
+    shard's (another machine, beyond dtype and device, is reported with a
+    :class:`UserWarning`); ``command`` lists every shard's command line, in order.
+
+    Args:
+        reports: the shards, in the order their categories should be listed.
+        names: what to call each shard in error messages (default ``report 1``...).
+
+    Raises:
+        ConfigError: no report; shards that share a category, or differ in their
+            methods, in a generation setting or in the machine's dtype or device.
+    """
+    if not reports:
+        raise ConfigError("`reports` must hold at least one report; got none.")
+    names = list(names) if names is not None else [f"report {i + 1}" for i in range(len(reports))]
+    first, first_name = reports[0], names[0]
+    seen = dict.fromkeys(_categories(first), first_name)
+    for report, name in zip(reports[1:], names[1:], strict=True):
+        if set(report.methods) != set(first.methods) or report.specs != first.specs:
+            raise ConfigError(
+                f"`methods` must be the same in every shard; got {list(first.methods)} in "
+                f"{first_name} and {list(report.methods)} in {name}."
+            )
+        for part, keys in _SHARED.items():
+            mine, theirs = getattr(first, part) or {}, getattr(report, part) or {}
+            for key in keys:
+                if mine.get(key) != theirs.get(key):
+                    raise ConfigError(
+                        f"`{key}` must be the same in every shard; got {mine.get(key)!r} in "
+                        f"{first_name} and {theirs.get(key)!r} in {name}."
+                    )
+        for category in _categories(report):
+            if category in seen:
+                raise ConfigError(
+                    f"`categories` must not overlap between shards; got `{category}` in both "
+                    f"{seen[category]} and {name}. Merge runs over disjoint answers only "
+                    "(split them with `--categories`)."
+                )
+            seen[category] = name
+        mine, theirs = first.machine or {}, report.machine or {}
+        others = sorted(k for k in {**mine, **theirs} if mine.get(k) != theirs.get(k))
+        if others:
+            warnings.warn(
+                f"{name} ran on a different machine than {first_name} (differs in: "
+                f"{', '.join(others)}); its timings are merged as they are.",
+                UserWarning,
+                stacklevel=2,
+            )
+    labels = list(first.methods)
+    config = {
+        **first.config,
+        "methods": labels,
+        "questions": sum(r.config.get("questions", 0) for r in reports),
+        "answers_per_method": sum(r.config.get("answers_per_method", 0) for r in reports),
+        "categories": [c for r in reports for c in _categories(r)],
+    }
+    methods = {label: _total([r.methods[label] for r in reports]) for label in labels}
+    return BenchReport(
+        methods=_with_speedups(methods),
+        per_category={c: group for r in reports for c, group in r.per_category.items()},
+        reference=first.reference,
+        mismatches=[m for r in reports for m in r.mismatches],
+        config=config,
+        specs=dict(first.specs),
+        machine=first.machine,
+        command=[c for r in reports for c in _commands(r.command)] or None,
+    )

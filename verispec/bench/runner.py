@@ -1,56 +1,34 @@
-"""The benchmark loop: every method on every prompt, interleaved, warm-up excluded.
+"""The benchmark loop and its runners: every method on every prompt, interleaved.
 
-For each question, every method runs the whole conversation (turn 2 is asked
-after the method's own answer to turn 1) before the next question starts, so a
-slow drift of the machine (thermal throttling, a neighbour's job) hits all
-methods alike. The method order rotates from one question to the next so no
-method always runs first. Before measuring, each method generates ``warmup``
-answers to a prompt outside the set; learnt state (Token Recycling's matrix, a
-suffix corpus) is then reset so the measured run starts cold, as in the papers.
+Every method answers a whole conversation (turn 2 follows its own answer to turn 1)
+before the next question starts, the first method rotating, so a drift of the machine
+hits all alike. Each first answers ``warmup`` prompts outside the set, then forgets what
+it learnt (Token Recycling's matrix, a suffix corpus): the measured run starts cold.
+``carry_corpus`` instead adds every measured answer to its method's corpus
+(cross-request). A resumed run keeps the answers an interrupted one finished
+(``finished``, from :mod:`verispec.bench.records`); a method that learns across prompts
+answers them again, unrecorded, to reach the state an uninterrupted run would have.
 
-Two settings for drafters that keep a corpus of earlier answers (``suffix``,
-``dtr:suffix=true``): *independent* (the default: nothing is added to the corpus, each
-answer sees only its own context) and *cross-request* (``carry_corpus``: each measured
-answer is added to its method's corpus once it is produced, so later questions, and the
-second turn, can retrieve from it).
-
-A run can be resumed: given the answers an earlier, interrupted run finished
-(``finished``, reloaded by :mod:`verispec.bench.records`), :func:`run_bench` keeps
-them and generates only the others. A method that learns across prompts (a drafter
-with ``reset``: Token Recycling's matrix, DTR's calibration) first answers its
-finished prompts again, unrecorded, and with ``carry_corpus`` remembers their recorded
-answers, so that it reaches the remaining ones in the state an uninterrupted run would
-have: the report is then the same.
-
-Runners bind one method to a loaded model, timed the same way for all:
-
-* :class:`EngineRunner` — verispec's :class:`~verispec.decoder.SpeculativeDecoder`
-  with a drafter (or none: ``ar``). The drafter lives as long as the runner, so a
-  drafter that learns across prompts (Token Recycling's adjacency matrix) keeps
-  what it learnt, as in the paper; :meth:`~EngineRunner.reset` forgets it after the
-  warm-up.
-* :class:`HFRunner` — Hugging Face ``generate`` on the same underlying model
-  (greedy, prompt lookup, early-exit self-speculation, and its static cache with
-  ``torch.compile``, its documented fastest greedy path). Forward hooks count and
-  time its forwards, so it reports mean accepted tokens too.
-* the llama.cpp peers (:mod:`verispec.bench.llama_cpp`, an optional extra).
-
-Work a method does before it can answer at full speed (compiling, sizing a static
-cache) is never timed with an answer: it runs untimed and is summed in the runner's
-``setup_s``, which the benchmark reports beside the table. Every call is timed by the
-same wall clock around the whole generation (prefill included), after synchronising
-the device, and the peak memory of the call is recorded: CUDA's peak allocation on a
-GPU, else the process's peak resident set (``VmHWM``, reset before the call where
-Linux allows it).
+All runners are timed alike: one wall clock around the whole call (prefill included)
+after synchronising the device, and the call's peak memory (CUDA's peak allocation, else
+the process's peak resident set ``VmHWM``, reset before the call where Linux allows it).
+Work before a method can answer at full speed (compiling, sizing a cache) is untimed,
+summed in its ``setup_s``. :class:`EngineRunner` is verispec's decoder with a drafter
+that lives as long as the runner; :class:`HFRunner` is transformers' ``generate`` on the
+same model, its forwards counted and timed by hooks; :class:`LlamaCppRunner` is
+``llama-cpp-python`` (an optional extra) on the target's GGUF file, with the same prompt
+*ids*, budget, end-of-sequence ids, greedy sampler and threads, from an empty cache each
+call, computing with the file's own quantized weights; each ``Llama.eval`` is a forward.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -59,48 +37,39 @@ import torch
 from verispec.bench.prompts import Question, build_prompt_ids
 from verispec.bench.registry import MethodSpec
 from verispec.core.types import Drafter, GenerationConfig, LanguageModel
-from verispec.core.validate import integer
+from verispec.core.validate import boolean, integer
 from verispec.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
 from verispec.verifiers import default_verifier, recursive_verifier
 
 __all__ = [
-    "VERIFIERS",
-    "BenchConfig",
-    "BenchContext",
-    "BenchRun",
-    "EngineRunner",
-    "HFRunner",
-    "MethodRunner",
-    "RecordKey",
-    "TurnRecord",
-    "TurnResult",
-    "WARMUP_PROMPT",
-    "build_runners",
-    "check_available",
-    "make_context",
-    "measure_call",
-    "run_bench",
-]
+    "BenchConfig", "BenchContext", "BenchRun", "EngineRunner", "HFRunner", "LlamaCppRunner",
+    "MethodRunner", "RecordKey", "TurnRecord", "TurnResult", "WARMUP_PROMPT", "build_runners",
+    "check_available", "llama_cpp_available", "make_context", "measure_call", "run_bench",
+]  # fmt: skip
+
+WARMUP_PROMPT = "Count from one to ten in words, then name three colours of the rainbow."
+VERIFIERS = ("default", "recursive")  # the acceptance rules at temperature > 0
+LLAMA_CPP_HINT = (
+    "install it with `pip install 'verispec[llamacpp]'` (= `pip install llama-cpp-python`: "
+    "builds llama.cpp from source with a C++ compiler and cmake, ~25 min on 2 cores) or run "
+    "`VERISPEC_LLAMACPP=1 bash scripts/bench.sh`"
+)
+
+
+def _verifier(name: str, value: str) -> str:
+    if value not in VERIFIERS:
+        raise ConfigError(f"`{name}` must be one of {', '.join(VERIFIERS)}; got {value!r}.")
+    return value
 
 
 @attrs.frozen
 class BenchContext:
-    """What a method factory may use.
-
-    Attributes:
-        target: the model under test (a :class:`LanguageModel`).
-        tokenizer: its Hugging Face tokenizer (or a stand-in with ``encode``/``decode``).
-        hf_model: the underlying ``transformers`` model, for the ``hf*`` peers; ``None``
-            when the target has none.
-        eos_token_ids: end-of-sequence ids used by every method alike.
-        verifier: the acceptance rule of the engine's methods at temperature > 0,
-            ``"default"`` or ``"recursive"`` (see :class:`~verispec.bench.BenchConfig`).
-        draft_model: a separate draft model for the draft-model methods (``--draft-model``);
-            ``None``: they draft with a self-draft of the target.
-        gguf: the GGUF file the target was loaded from, for the ``llama-cpp`` peers;
-            ``None`` when there is none.
-    """
+    """What a method factory may use: the ``target`` (a :class:`LanguageModel`), its
+    ``tokenizer``, the underlying transformers model for the ``hf*`` peers (``hf_model``),
+    the end-of-sequence ids every method stops on, the ``verifier`` at temperature > 0
+    (see :class:`BenchConfig`), a separate ``draft_model`` for the draft-model methods
+    (``None``: a self-draft of the target) and the target's ``gguf`` file for llama.cpp."""
 
     target: LanguageModel
     tokenizer: Any
@@ -118,32 +87,23 @@ class BenchContext:
         return torch.device(device if device is not None else "cpu")
 
 
-def _token_tuple(tokens: Iterable[int]) -> tuple[int, ...]:
-    return tuple(int(t) for t in tokens)
-
-
 @attrs.frozen
 class TurnResult:
     """One generation (one user turn) by one method.
 
     Attributes:
-        tokens: the new token ids.
-        text: the decoded answer (special tokens skipped).
+        tokens, text: the new token ids, and the answer decoded (special tokens skipped).
         seconds: wall-clock seconds of the whole call, prefill included.
-        steps: target forwards that produced tokens (engine steps; for ``generate``,
-            every target forward, the prefill included, since it yields the first token).
-        committed: tokens those forwards committed (``>= len(tokens)``: the last step
-            may overshoot ``max_new_tokens``).
-        tree_nodes: draft nodes sent to the target, summed over steps; ``None`` where
-            the method does not expose them (transformers' drafting peers).
-        draft_s, target_s, verify_s: seconds drafting, in the target (forwards, the
-            prefill included, and KV commits), verifying; ``None`` where a method
-            cannot separate them.
-        peak_memory: bytes, the call's peak (see module docstring).
-        finish_reason: why generation stopped.
+        steps: target forwards that produced tokens (for ``generate``, every target
+            forward, the prefill included, since it yields the first token).
+        committed: tokens those forwards committed (the last may overshoot the budget).
+        tree_nodes: draft nodes sent to the target, summed; ``None`` where not exposed.
+        draft_s, target_s, verify_s: seconds drafting, in the target (forwards, prefill
+            and KV commits), verifying; ``None`` where a method cannot separate them.
+        peak_memory: bytes, the call's peak; ``finish_reason``: why generation stopped.
     """
 
-    tokens: tuple[int, ...] = attrs.field(converter=_token_tuple)
+    tokens: tuple[int, ...] = attrs.field(converter=lambda ts: tuple(int(t) for t in ts))
     text: str
     seconds: float
     steps: int
@@ -157,68 +117,63 @@ class TurnResult:
 
 
 class MethodRunner(Protocol):
-    """A method ready to generate."""
+    """A method ready to answer templated ``prompt_ids``; ``reset`` forgets what it learnt
+    from earlier prompts, ``remember`` keeps an answer for later ones (a suffix corpus)."""
 
-    def reset(self) -> None:
-        """Forget what the method learnt from earlier prompts."""
-        ...
+    def reset(self) -> None: ...
 
-    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
-        """Generate an answer to ``prompt_ids`` (already templated)."""
-        ...
+    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult: ...
 
-    def remember(self, tokens: Sequence[int]) -> None:
-        """Keep an answer for later prompts (a suffix corpus); a no-op for other methods."""
-        ...
-
-
-# -- measurement ----------------------------------------------------------------------
-
-_HWM = re.compile(r"VmHWM:\s+(\d+)\s+kB")
+    def remember(self, tokens: Sequence[int]) -> None: ...
 
 
 def _rss_peak_bytes() -> int:
-    try:
-        with open("/proc/self/status") as status:
-            match = _HWM.search(status.read())
+    with contextlib.suppress(OSError), open("/proc/self/status") as status:
+        match = re.search(r"VmHWM:\s+(\d+)\s+kB", status.read())
         if match:
             return int(match.group(1)) * 1024
-    except OSError:
-        pass
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _reset_rss_peak() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")  # Linux: reset the peak resident set size (VmHWM)
-    except OSError:
-        pass  # not Linux, or not allowed: the peak is then the process's lifetime peak
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def measure_call(device: torch.device, fn: Any) -> tuple[Any, float, int]:
+def measure_call(device: torch.device, fn: Callable[[], Any]) -> tuple[Any, float, int]:
     """Run ``fn()``; return its result, wall seconds and peak memory bytes."""
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    else:
-        _reset_rss_peak()
-    _sync(device)
+        torch.cuda.synchronize(device)
+    else:  # Linux: reset the peak resident set; elsewhere it is the process's lifetime peak
+        with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
     start = time.perf_counter()
     out = fn()
-    _sync(device)
+    if cuda:
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
-    if device.type == "cuda":
-        peak = int(torch.cuda.max_memory_allocated(device))
-    else:
-        peak = _rss_peak_bytes()
+    peak = int(torch.cuda.max_memory_allocated(device)) if cuda else _rss_peak_bytes()
     return out, seconds, peak
+
+
+class _Peer:
+    """What the peers share: nothing learnt across prompts, and how an answer is reported."""
+
+    context: BenchContext
+    setup_s = 0.0
+
+    def reset(self) -> None:
+        pass
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        pass
+
+    def _result(self, tokens: list[int], config: GenerationConfig, **measured: Any) -> TurnResult:
+        eos = set(config.eos_token_ids or self.context.eos_token_ids)
+        finish = "eos" if tokens and tokens[-1] in eos else "max_new_tokens"
+        text = _decode(self.context.tokenizer, tokens)
+        return TurnResult(
+            tokens, text, committed=len(tokens), finish_reason=finish, verify_s=None, **measured
+        )
 
 
 def _decode(tokenizer: Any, tokens: Sequence[int]) -> str:
@@ -230,36 +185,22 @@ def _decode(tokenizer: Any, tokens: Sequence[int]) -> str:
         return str(tokenizer.decode(list(tokens)))
 
 
-# -- verispec's engine ----------------------------------------------------------------
-
-
 class EngineRunner:
-    """verispec's decoder with one drafter (``None``: autoregressive).
-
-    The verifier is the package default, or recursive rejection at temperature > 0
-    when ``context.verifier`` is ``"recursive"``. When the target is the Hugging Face
-    adapter and its device gets the Triton kernels (CUDA, by default), its generations
-    run with the Triton tree attention
-    (:func:`verispec.kernels.hf_attention.tree_attention_where_supported`); the ``hf``
-    peers keep the model's own attention.
-    """
+    """verispec's decoder with one drafter (``None``: autoregressive), the package's
+    default verifier or, at temperature > 0, recursive rejection when the context says
+    so. On the Hugging Face adapter where the Triton kernels run (CUDA, by default), its
+    generations use the Triton tree attention; the ``hf`` peers keep the model's own."""
 
     def __init__(self, context: BenchContext, drafter: Drafter | None) -> None:
         policy = recursive_verifier if context.verifier == "recursive" else default_verifier
-        self.context = context
-        self.drafter = drafter
+        self.context, self.drafter = context, drafter
         self.decoder = SpeculativeDecoder(context.target, drafter, policy, tokenizer=None)
+        self.learns_across_prompts = callable(getattr(drafter, "reset", None))
         self.setup_s = 0.0  # the target's compile time is the model's, reported by the CLI
 
-    @property
-    def learns_across_prompts(self) -> bool:
-        """Whether the drafter keeps state from one prompt to the next (it has ``reset``)."""
-        return callable(getattr(self.drafter, "reset", None))
-
     def reset(self) -> None:
-        reset = getattr(self.drafter, "reset", None)
-        if callable(reset):
-            reset()
+        if self.learns_across_prompts:
+            self.drafter.reset()  # type: ignore[union-attr]
 
     def remember(self, tokens: Sequence[int]) -> None:
         remember = getattr(self.drafter, "remember", None)
@@ -280,9 +221,9 @@ class EngineRunner:
             )
         split = result.time_split()
         return TurnResult(
-            tokens=result.tokens,
-            text=_decode(self.context.tokenizer, result.tokens),
-            seconds=seconds,
+            result.tokens,
+            _decode(self.context.tokenizer, result.tokens),
+            seconds,
             steps=result.num_steps,
             committed=sum(step.committed for step in result.steps),
             tree_nodes=sum(step.tree_size for step in result.steps),
@@ -294,32 +235,22 @@ class EngineRunner:
         )
 
 
-# -- Hugging Face generate ------------------------------------------------------------
-
-_STATIC_STEP = 512  # static-cache sizes are multiples of this: few sizes, few recompiles
-
-
 class _ForwardClock:
-    """Forward hooks that count and time an HF model's target and draft forwards.
-
-    With ``assistant_early_exit`` transformers drafts with the same module, its
-    ``config.num_hidden_layers`` lowered for the draft: such calls count as drafting.
-    The hooks are attached only while one ``generate`` runs. On CUDA they record events
-    instead of synchronising, so the peer is not slowed by the measurement; the times
-    are read once the call has finished (and synchronised).
-    """
+    """Forward hooks that count and time an HF model's target and draft forwards while one
+    ``generate`` runs. With ``assistant_early_exit`` transformers drafts with the same
+    module, its ``num_hidden_layers`` lowered: such calls count as drafting. On CUDA the
+    hooks record events rather than synchronise; the times are read after the call."""
 
     def __init__(self, hf_model: Any, device: torch.device) -> None:
-        self.model = hf_model
-        self.cuda = device.type == "cuda"
+        self.model, self.cuda = hf_model, device.type == "cuda"
         self.full_layers = getattr(hf_model.config, "num_hidden_layers", None)
         self._started: Any = None
         self._spans: list[tuple[bool, Any, Any]] = []  # (is_draft, start, end)
 
     @contextlib.contextmanager
     def attached(self, compiled: bool = False) -> Iterator[None]:
-        """Hooks on the model while the block runs; ``compiled``: the forward is compiled
-        (hf-static), which must call the hooks, not trace them."""
+        """Hooks on the model while the block runs; ``compiled`` (hf-static): the forward
+        is compiled and must call the hooks, not trace them."""
         self._spans = []
         before, after = self._before, self._after
         if compiled:  # imported only here: torch._dynamo is heavy and imports Triton
@@ -334,23 +265,22 @@ class _ForwardClock:
             for handle in handles:
                 handle.remove()
 
-    def _is_draft(self) -> bool:
-        base = getattr(self.model, getattr(self.model, "base_model_prefix", ""), self.model)
-        layers = getattr(getattr(base, "config", None), "num_hidden_layers", None)
-        return layers is not None and self.full_layers is not None and layers < self.full_layers
-
     def _now(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def _before(self, module: Any, args: Any) -> None:
         self._started = self._now()
 
     def _after(self, module: Any, args: Any, output: Any) -> None:
-        self._spans.append((self._is_draft(), self._started, self._now()))
+        base = getattr(self.model, getattr(self.model, "base_model_prefix", ""), self.model)
+        layers = getattr(getattr(base, "config", None), "num_hidden_layers", None)
+        full = self.full_layers
+        is_draft = layers is not None and full is not None and layers < full
+        self._spans.append((is_draft, self._started, self._now()))
 
     def totals(self) -> tuple[int, float, float]:
         """Target forwards, target seconds, draft seconds of the last attached call."""
@@ -360,20 +290,17 @@ class _ForwardClock:
             if is_draft:
                 draft_s += seconds
             else:
-                calls += 1
-                target_s += seconds
+                calls, target_s = calls + 1, target_s + seconds
         return calls, target_s, draft_s
 
 
-class HFRunner:
-    """``hf_model.generate`` with fixed extra keyword arguments.
-
-    Args:
-        extra: e.g. ``{"prompt_lookup_num_tokens": 10}`` or ``{"assistant_early_exit": 8}``.
-        drafts: ``"none"`` (plain greedy: no draft time), ``"forwards"`` (drafts with
-            early-exit forwards of the same module: the hooks time them) or ``"opaque"``
-            (drafts outside any forward, e.g. prompt lookup: draft time unknown).
-    """
+class HFRunner(_Peer):
+    """``hf_model.generate`` with fixed ``extra`` keyword arguments (e.g.
+    ``{"prompt_lookup_num_tokens": 10}``). ``drafts``: ``"none"`` (no draft time),
+    ``"forwards"`` (early-exit forwards of the same module, timed by the hooks) or
+    ``"opaque"`` (outside any forward, e.g. prompt lookup: unknown). ``static_cache``:
+    transformers' static cache, sized in multiples of 512 slots, its decode step compiled
+    (untimed, for each new size)."""
 
     def __init__(
         self,
@@ -388,45 +315,10 @@ class HFRunner:
                 "the `hf` methods need a target that wraps a transformers model "
                 "(`.hf_model`); this one has none."
             )
-        self.context = context
-        self.model = context.hf_model
-        self.extra = dict(extra)
-        self.drafts = drafts
+        self.context, self.model, self.extra = context, context.hf_model, dict(extra)
+        self.drafts, self.static_cache = drafts, static_cache
         self.clock = _ForwardClock(self.model, context.device)
-        self.static_cache = static_cache
         self._cache_len = 0  # static cache slots the compiled forward was warmed up for
-        self.setup_s = 0.0
-
-    def reset(self) -> None:
-        pass
-
-    def remember(self, tokens: Sequence[int]) -> None:
-        pass
-
-    def _static_options(self) -> dict[str, Any]:
-        """transformers' static cache of ``_cache_len`` slots, its decode step compiled."""
-        from transformers import CompileConfig
-
-        compile_config = CompileConfig(mode="default")  # the timing hooks break the graph
-        compile_config._compile_all_devices = True  # type: ignore[assignment]  # else GPUs only
-        return {
-            "cache_implementation": "static",
-            "max_cache_len": self._cache_len,
-            "compile_config": compile_config,
-        }
-
-    def _ensure_static(self, prompt_tokens: int, config: GenerationConfig) -> None:
-        """Size the static cache for this prompt; compile for a new size, untimed."""
-        needed = prompt_tokens + config.max_new_tokens + 1
-        if needed <= self._cache_len:
-            return
-        self._cache_len = -(-needed // _STATIC_STEP) * _STATIC_STEP
-        warm = attrs.evolve(config, max_new_tokens=min(config.max_new_tokens, 4), temperature=0)
-        ids = torch.zeros((1, prompt_tokens), dtype=torch.long, device=self.context.device)
-        start = time.perf_counter()
-        with self.clock.attached(compiled=True):  # as when measured: the graph serves both
-            self._generate(ids, warm)
-        self.setup_s += time.perf_counter() - start
 
     def _generate(self, ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
         eos = list(config.eos_token_ids or self.context.eos_token_ids)
@@ -437,10 +329,18 @@ class HFRunner:
             **self.extra,
         }
         if self.static_cache:
-            kwargs.update(self._static_options())
+            from transformers import CompileConfig
+
+            compile_config = CompileConfig(mode="default")  # the timing hooks break the graph
+            compile_config._compile_all_devices = True  # type: ignore[assignment]  # not GPUs only
+            kwargs.update(
+                cache_implementation="static",
+                max_cache_len=self._cache_len,
+                compile_config=compile_config,
+            )
         if config.temperature > 0:
-            # transformers samples from torch's global generator: seed it per call so
-            # that runs repeat (verispec itself never uses the global generator).
+            # transformers samples from torch's global generator: seed it per call so that
+            # runs repeat (verispec itself never uses the global generator).
             torch.manual_seed(config.seed)
             kwargs.update(
                 do_sample=True,
@@ -455,40 +355,148 @@ class HFRunner:
             return self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
-        if self.static_cache:
-            self._ensure_static(len(prompt_ids), config)
-        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.context.device)
+        device = self.context.device
+        needed = len(prompt_ids) + config.max_new_tokens + 1
+        if self.static_cache and needed > self._cache_len:  # a new size: compile it, untimed
+            self._cache_len = -(-needed // 512) * 512  # few sizes, few recompiles
+            warm = attrs.evolve(config, max_new_tokens=min(config.max_new_tokens, 4), temperature=0)
+            start = time.perf_counter()
+            with self.clock.attached(compiled=True):  # as when measured: one graph serves both
+                self._generate(
+                    torch.zeros((1, len(prompt_ids)), dtype=torch.long, device=device), warm
+                )
+            self.setup_s += time.perf_counter() - start
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
         with self.clock.attached(compiled=self.static_cache):
-            out, seconds, peak = measure_call(
-                self.context.device, lambda: self._generate(ids, config)
-            )
+            out, seconds, peak = measure_call(device, lambda: self._generate(ids, config))
         calls, target_s, forward_draft_s = self.clock.totals()
-        tokens = [int(t) for t in out[0, ids.shape[1] :].tolist()]
-        eos = set(config.eos_token_ids or self.context.eos_token_ids)
-        finish = "eos" if tokens and tokens[-1] in eos else "max_new_tokens"
-        steps = max(calls, 1)
-        draft_s = {"none": 0.0, "forwards": forward_draft_s}.get(self.drafts)
-        return TurnResult(
-            tokens=tokens,
-            text=_decode(self.context.tokenizer, tokens),
+        return self._result(
+            out[0, ids.shape[1] :].tolist(),
+            config,
             seconds=seconds,
-            steps=steps,
-            committed=len(tokens),
+            steps=max(calls, 1),
             tree_nodes=0 if self.drafts == "none" else None,
-            draft_s=draft_s,
             target_s=target_s,
-            verify_s=None,
+            draft_s={"none": 0.0, "forwards": forward_draft_s}.get(self.drafts),
             peak_memory=peak,
-            finish_reason=finish,
         )
 
 
-# -- the benchmark loop ----------------------------------------------------------
+def llama_cpp_available() -> str | None:
+    """``None`` when ``llama_cpp`` can be imported here, else why not and how to install it."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return f"llama-cpp-python is not installed; {LLAMA_CPP_HINT}."
+    return None
 
-WARMUP_PROMPT = "Count from one to ten in words, then name three colours of the rainbow."
 
-#: The acceptance rules a run may use at temperature > 0 (see :class:`BenchConfig`).
-VERIFIERS = ("default", "recursive")
+class LlamaCppRunner(_Peer):
+    """``llama_cpp.Llama.generate`` on the context's GGUF file; ``prompt_lookup``:
+    ``(max_ngram_size, num_pred_tokens)`` of its ``LlamaPromptLookupDecoding``, or ``None``
+    for plain decoding. ``llama_class``, ``lookup_class``: stand-ins for tests. The
+    ``Llama`` object is built on first use with a context of a multiple of 1024 tokens
+    holding the prompt, the answer and a round of drafts, and again, untimed
+    (``setup_s``), when a longer prompt needs more."""
+
+    def __init__(
+        self,
+        context: BenchContext,
+        prompt_lookup: tuple[int, int] | None = None,
+        *,
+        llama_class: Any = None,
+        lookup_class: Any = None,
+    ) -> None:
+        if context.gguf is None:
+            raise ConfigError(
+                "the llama-cpp peers need the target's GGUF file: use --model smollm2 (the "
+                "embedded GGUF) or --model FILE.gguf."
+            )
+        if llama_class is None or (prompt_lookup is not None and lookup_class is None):
+            reason = llama_cpp_available()
+            if reason is not None:
+                raise ConfigError(reason)
+            import llama_cpp
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            llama_class = llama_class or llama_cpp.Llama
+            lookup_class = lookup_class or LlamaPromptLookupDecoding
+        self.context, self.prompt_lookup = context, prompt_lookup
+        self._llama_class, self._lookup_class = llama_class, lookup_class
+        self.threads = torch.get_num_threads()
+        self.llama: Any = None
+        self.n_ctx = self.forwards = 0  # forwards: eval calls of the current generation
+
+    def _ensure(self, needed: int) -> Any:
+        """The ``Llama`` object, with a context of at least ``needed`` tokens."""
+        if self.llama is not None and needed <= self.n_ctx:
+            return self.llama
+        start = time.perf_counter()
+        self.n_ctx = -(-needed // 1024) * 1024  # few sizes, few re-creations
+        options: dict[str, Any] = {
+            "model_path": str(self.context.gguf),
+            "n_ctx": self.n_ctx,
+            "n_threads": self.threads,
+            "n_threads_batch": self.threads,
+            "verbose": False,
+        }
+        if self.prompt_lookup is not None:
+            ngram, tokens = self.prompt_lookup
+            options["draft_model"] = self._lookup_class(
+                max_ngram_size=ngram, num_pred_tokens=tokens
+            )
+            # Drafting keeps every row's logits; llama-cpp-python 0.3 sizes that buffer from
+            # this argument (n_batch rows without it: prompts past 512 tokens overflow it).
+            options["logits_all"] = True
+        self.llama = None  # free the old context first
+        llama = self._llama_class(**options)
+        plain_eval = llama.eval
+
+        def counted_eval(tokens: Sequence[int]) -> Any:
+            self.forwards += 1
+            return plain_eval(tokens)
+
+        llama.eval, self.llama = counted_eval, llama
+        self.setup_s += time.perf_counter() - start
+        return llama
+
+    def _generate(self, llama: Any, prompt: list[int], config: GenerationConfig) -> list[int]:
+        eos = set(config.eos_token_ids or self.context.eos_token_ids)
+        llama.reset()  # an empty cache: no prompt prefix reused from the last call
+        sampling = {"temp": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
+        if config.temperature > 0:  # top_k 0 disables it in llama.cpp, as in verispec
+            llama.set_seed(config.seed)
+            sampling.update(
+                temp=config.temperature, top_k=config.top_k, top_p=config.top_p, min_p=config.min_p
+            )
+        tokens: list[int] = []
+        stream = llama.generate(prompt, reset=True, **sampling)
+        try:
+            for token in stream:
+                tokens.append(int(token))
+                if int(token) in eos or len(tokens) >= config.max_new_tokens:
+                    break
+        finally:
+            stream.close()
+        return tokens
+
+    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+        prompt = [int(t) for t in prompt_ids]
+        draft_room = self.prompt_lookup[1] if self.prompt_lookup is not None else 0
+        llama = self._ensure(len(prompt) + config.max_new_tokens + draft_room + 1)
+        self.forwards = 0
+        tokens, seconds, peak = measure_call(
+            torch.device("cpu"), lambda: self._generate(llama, prompt, config)
+        )
+        plain = self.prompt_lookup is None
+        return self._result(
+            tokens,
+            config,
+            seconds=seconds,
+            steps=max(self.forwards, 1),
+            peak_memory=peak,
+            tree_nodes=0 if plain else None,
+            draft_s=0.0 if plain else None,
+            target_s=None,
+        )
 
 
 @attrs.frozen
@@ -496,53 +504,38 @@ class BenchConfig:
     """Settings shared by every method of one benchmark run.
 
     Attributes:
-        max_new_tokens: most tokens per answer.
-        temperature: 0 for greedy; the outputs of verispec's methods are compared
-            token by token with the reference at any temperature (see
-            :mod:`verispec.bench.report`).
-        seed: seeds every generation's random draws (the same seed for every answer).
-        warmup: warm-up generations per method before measuring (not counted).
+        max_new_tokens: most tokens per answer; ``temperature``: 0 for greedy.
+        seed: seeds every generation's random draws (the same for every answer).
+        warmup: warm-up answers per method before measuring (not counted).
         chat: apply the tokenizer's chat template.
         top_k, top_p, min_p: the sampling filters (see
             :class:`~verispec.core.sampling.SamplingParams`).
         verifier: the acceptance rule of verispec's methods at temperature > 0:
             ``"default"`` (the coupled rule for trees of fixed candidates and plain
-            decoding, recursive rejection for draft-model trees) or ``"recursive"``
-            (recursive rejection for every tree).
+            decoding, recursive rejection for draft-model trees) or ``"recursive"``.
         carry_corpus: add every measured answer to its method's corpus (cross-request).
     """
 
     max_new_tokens: int = 128
     temperature: float = 0.0
     seed: int = 0
-    warmup: int = 1
-    chat: bool = True
+    warmup: int = attrs.field(default=1, validator=lambda _, a, v: integer(a.name, v, 0))
+    chat: bool = attrs.field(default=True, validator=lambda _, a, v: boolean(a.name, v))
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
-    verifier: Literal["default", "recursive"] = "default"
+    verifier: Literal["default", "recursive"] = attrs.field(
+        default="default", validator=lambda _, a, v: _verifier(a.name, v)
+    )
     carry_corpus: bool = False
 
     def __attrs_post_init__(self) -> None:
-        integer("warmup", self.warmup, 0)
-        if not isinstance(self.chat, bool):
-            raise ConfigError(f"`chat` must be True or False; got {self.chat!r}.")
-        if self.verifier not in VERIFIERS:
-            raise ConfigError(
-                f"`verifier` must be one of {', '.join(VERIFIERS)}; got {self.verifier!r}."
-            )
         self.generation(None)  # validates the generation settings
 
     def generation(self, eos: Sequence[int] | None) -> GenerationConfig:
-        return GenerationConfig(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            seed=self.seed,
-            eos_token_ids=tuple(eos) if eos else None,
-        )
+        shared = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed")
+        settings = {name: getattr(self, name) for name in shared}
+        return GenerationConfig(**settings, eos_token_ids=tuple(eos) if eos else None)
 
 
 @attrs.frozen
@@ -557,8 +550,7 @@ class TurnRecord:
     result: TurnResult
 
 
-#: How a finished answer is found again: (question id as text, turn, method label).
-RecordKey = tuple[str, int, str]
+RecordKey = tuple[str, int, str]  # a finished answer: (question id as text, turn, method label)
 
 
 def record_key(record: TurnRecord) -> RecordKey:
@@ -567,7 +559,7 @@ def record_key(record: TurnRecord) -> RecordKey:
 
 @attrs.frozen
 class BenchRun:
-    """Everything measured by :func:`run_bench`, before any summarising."""
+    """Everything :func:`run_bench` measured, before any summarising."""
 
     config: BenchConfig
     methods: tuple[MethodSpec, ...]
@@ -581,13 +573,10 @@ class BenchRun:
 
 def check_available(specs: Sequence[MethodSpec]) -> None:
     """Raise :class:`ConfigError` listing every method that cannot run here."""
-    from verispec.bench.methods import METHODS  # the table builds runners defined here
+    from verispec.bench.methods import METHODS
 
-    problems = []
-    for spec in specs:
-        reason = METHODS[spec.name].availability()
-        if reason is not None:
-            problems.append(f"`{spec.label}`: {reason}")
+    reasons = {spec.label: METHODS[spec.name].availability() for spec in specs}
+    problems = [f"`{label}`: {reason}" for label, reason in reasons.items() if reason]
     if problems:
         raise ConfigError("method(s) not available in this installation: " + "; ".join(problems))
 
@@ -600,30 +589,19 @@ def make_context(
     draft_model: Any = None,
     gguf: str | None = None,
 ) -> BenchContext:
-    """A :class:`BenchContext` for a verispec model and its tokenizer.
-
-    End-of-sequence ids are the union of the tokenizer's and the model's, so every
-    method stops on the same tokens. ``verifier``: see :class:`BenchConfig`.
-    ``draft_model``: a separate draft for the draft-model methods; ``gguf``: the GGUF
-    file of the target, for the llama-cpp peers.
-    """
-    if verifier not in VERIFIERS:
-        raise ConfigError(f"`verifier` must be one of {', '.join(VERIFIERS)}; got {verifier!r}.")
-    eos: list[int] = []
-    for source in (getattr(tokenizer, "eos_token_id", None), getattr(target, "eos_token_id", None)):
-        if source is None:
-            continue
-        for token in [source] if isinstance(source, int) else list(source):
-            if int(token) not in eos:
-                eos.append(int(token))
+    """A :class:`BenchContext` for a verispec model and its tokenizer; its end-of-sequence
+    ids are the union of the tokenizer's and the model's, so every method stops alike."""
+    sources = [getattr(tokenizer, "eos_token_id", None), getattr(target, "eos_token_id", None)]
+    ids = [[s] if isinstance(s, int) else list(s) for s in sources if s is not None]
+    eos = tuple(dict.fromkeys(int(token) for group in ids for token in group))
     return BenchContext(
-        target=target,
-        tokenizer=tokenizer,
-        hf_model=getattr(target, "hf_model", None),
-        eos_token_ids=tuple(eos),
-        verifier=verifier,
-        draft_model=draft_model,
-        gguf=gguf,
+        target,
+        tokenizer,
+        getattr(target, "hf_model", None),
+        eos,
+        _verifier("verifier", verifier),
+        draft_model,
+        gguf,
     )
 
 
@@ -633,11 +611,6 @@ def build_runners(context: BenchContext, specs: Sequence[MethodSpec]) -> dict[st
 
     check_available(specs)
     return {spec.label: METHODS[spec.name].build(context, spec.params) for spec in specs}
-
-
-def _rotated(labels: list[str], shift: int) -> list[str]:
-    shift %= len(labels)
-    return labels[shift:] + labels[:shift]
 
 
 def run_bench(
@@ -655,19 +628,19 @@ def run_bench(
 
     Args:
         context: the loaded model (see :func:`make_context`).
-        specs: the methods, parsed by :func:`~verispec.bench.registry.parse_methods`.
+        specs: the methods (:func:`~verispec.bench.registry.parse_methods`).
         questions: the questions, already selected.
         progress: show a tqdm progress bar on stderr.
-        runners: prebuilt runners by label (built from ``specs`` and ``config.verifier``
-            when ``None``).
-        on_record: called after each newly measured answer (not for ``finished`` ones).
+        runners: prebuilt runners by label (default: built from ``specs``).
+        on_record: called after each newly measured answer.
         finished: answers of an interrupted run of the same benchmark, by
-            :func:`record_key`: kept as they are instead of being generated again
-            (see the module docstring).
+            :func:`record_key`, kept instead of generated again (module docstring).
 
     Raises:
         ConfigError: no method or no question, or a method not available.
     """
+    from tqdm.auto import tqdm
+
     config = config if config is not None else BenchConfig()
     if not specs:
         raise ConfigError("`methods` must name at least one method.")
@@ -675,79 +648,58 @@ def run_bench(
         raise ConfigError("`questions` must hold at least one question.")
     if runners is None:
         runners = build_runners(attrs.evolve(context, verifier=config.verifier), specs)
-    finished = finished or {}
-    labels = [spec.label for spec in specs]
+    finished, labels = finished or {}, [spec.label for spec in specs]
     generation = config.generation(context.eos_token_ids)
-    tokenizer = context.tokenizer
-
     if config.warmup:
         warm_ids = build_prompt_ids(
-            tokenizer, [{"role": "user", "content": WARMUP_PROMPT}], chat=config.chat
+            context.tokenizer, [{"role": "user", "content": WARMUP_PROMPT}], chat=config.chat
         )
         warm = attrs.evolve(generation, max_new_tokens=min(config.max_new_tokens, 32))
         for label in labels:
             for _ in range(config.warmup):
                 runners[label].run(warm_ids, warm)
             runners[label].reset()
-
     total = len(labels) * sum(len(q.turns) for q in questions)
-    bar = _progress_bar(total, progress)
     records: list[TurnRecord] = []
-    try:
+    with tqdm(total=total, desc="verispec bench", unit="answer", disable=not progress) as bar:
         for index, question in enumerate(questions):
-            for label in _rotated(labels, index):
+            shift = index % len(labels)  # the first method rotates
+            for label in labels[shift:] + labels[:shift]:
                 bar.set_postfix_str(f"{question.category} #{question.question_id} {label}")
-                messages: list[dict[str, str]] = []
+                runner, messages = runners[label], []
                 for turn, user_text in enumerate(question.turns):
                     messages.append({"role": "user", "content": user_text})
-                    ids = build_prompt_ids(tokenizer, messages, chat=config.chat)
+                    ids = build_prompt_ids(context.tokenizer, messages, chat=config.chat)
                     record = finished.get((str(question.question_id), turn, label))
                     if record is not None:
-                        _replay(runners[label], ids, generation, record)
+                        _replay(runner, ids, generation, record)
                     else:
+                        result = runner.run(ids, generation)
                         record = TurnRecord(
-                            question_id=question.question_id,
-                            category=question.category,
-                            turn=turn,
-                            method=label,
-                            prompt_tokens=len(ids),
-                            result=runners[label].run(ids, generation),
+                            question.question_id, question.category, turn, label, len(ids), result
                         )
                         if on_record is not None:
                             on_record(record)
                     records.append(record)
                     if config.carry_corpus:
-                        runners[label].remember(record.result.tokens)
+                        runner.remember(record.result.tokens)
                     messages.append({"role": "assistant", "content": record.result.text})
                     bar.update(1)
-    finally:
-        bar.close()
-    return BenchRun(
-        config=config,
-        methods=tuple(specs),
-        questions=tuple(questions),
-        records=tuple(records),
-    )
+    return BenchRun(config, tuple(specs), tuple(questions), tuple(records))
 
 
 def _replay(
     runner: MethodRunner, ids: Sequence[int], generation: GenerationConfig, record: TurnRecord
 ) -> None:
     """Answer a finished prompt again, unrecorded, if the method learns across prompts."""
-    if not getattr(runner, "learns_across_prompts", False):
-        return
-    again = runner.run(ids, generation)
-    if again.tokens != record.result.tokens:
-        warnings.warn(
-            f"`{record.method}` answered question {record.question_id} turn {record.turn} "
-            "differently when replayed for --resume than in the records (another machine, "
-            "thread count or version?); its learnt state may differ from the interrupted run's.",
-            UserWarning,
-            stacklevel=3,
-        )
-
-
-def _progress_bar(total: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="verispec bench", unit="answer", disable=not enabled)
+    if getattr(runner, "learns_across_prompts", False):
+        again = runner.run(ids, generation)
+        if again.tokens != record.result.tokens:
+            warnings.warn(
+                f"`{record.method}` answered question {record.question_id} turn {record.turn} "
+                "differently when replayed for --resume than in the records (another machine, "
+                "thread count or version?); its learnt state may differ from the interrupted "
+                "run's.",
+                UserWarning,
+                stacklevel=3,
+            )

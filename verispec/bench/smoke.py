@@ -49,12 +49,12 @@ def load_smoke_model(
     from verispec.models.tiny import tiny_llama
 
     tokenizer = ByteTokenizer()
-    hf_model = tiny_llama(
+    llama = tiny_llama(
         vocab_size=len(tokenizer),
         hidden_size=64,
         num_layers=4,
         max_length=4096,
         dtype=dtype,
         device=device,
-    ).hf_model
-    return make_target(hf_model, runtime=runtime, compile=compile), tokenizer
+    )
+    return make_target(llama.hf_model, runtime=runtime, compile=compile), tokenizer
