@@ -198,12 +198,12 @@ def attend(
     in their order, not on how many other queries run with it or where masked slots lie
     between its keys: the scores are one matrix product (each an independent dot
     product), the maximum is exact, and the weighted sum of the values and the sum of the
-    weights come from one product (the values carry a column of ones) whose accumulation
-    runs over the slots in order. Where the CPU's kernels have that property (checked by
+    weights come from one product per block of :data:`VALUE_BLOCK` slots (the values carry
+    a column of ones), whose accumulation runs over the block's slots in order, and the
+    blocks' sums are added in the order sequential decoding adds them
+    (:func:`_weighted_values`). Where the CPU's kernels have those properties (checked by
     :func:`verispec.models.runtime.row_invariant_kernels`), a tree node's logits equal, bit
-    for bit, those of decoding its path one token at a time, while the attended slots stay
-    within the first 128; beyond, the value product's grouping by slot can change a row's
-    last bits (see docs/runtime.rst).
+    for bit, those of decoding its path one token at a time (see docs/runtime.rst).
     """
     start, length = (int(i) for i in where.tolist())
     q_len, heads, head_dim = q.shape
@@ -328,7 +328,10 @@ def attend_static(
     ``where`` is a 0-d int64 tensor on the device: the first slot of the new entries,
     which see every slot before it and, among themselves, what ``local_mask`` (Shape:
     (Q, Q)) allows. The queries attend to the whole cache (every later slot masked), so
-    nothing depends on a value read on the host. Same arguments otherwise, same result.
+    nothing depends on a value read on the host. Same arguments otherwise, same result to
+    rounding: the value product is one product over the whole cache, not summed per block
+    in sequential decoding's order as :func:`attend` does (a GPU's products promise no
+    row-invariant bits anyway).
     """
     q_len, heads, head_dim = q.shape
     kv_heads, capacity = k.shape[1], cache_k.shape[1]

@@ -414,9 +414,8 @@ class FastModel(TreeSequenceModel):
     @property
     def row_invariant(self) -> bool:
         """Whether this machine's kernels make every tree row equal sequential decoding, bit
-        for bit, at this model's shapes and dtype (:func:`row_invariant_kernels`), while the
-        sequence and its tree fit in the first 128 cache slots; beyond them rows can differ
-        in their last bits (docs/runtime.rst, "Tree rows and sequential decoding")."""
+        for bit, at this model's shapes and dtype (:func:`row_invariant_kernels`; see
+        docs/runtime.rst, "Tree rows and sequential decoding")."""
         args = self.transformer.args
         q_width = args.n_heads * args.head_dim
         return row_invariant_kernels(
