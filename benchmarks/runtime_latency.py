@@ -22,8 +22,9 @@ It writes ``latency.json`` and ``latency.md`` (and ``steps.png``) into ``--out``
   should stay flat apart from attention's growth with the context (no cache copy).
 * with ``--compile``, the same for the runtime compiled per bucket (every bucket
   compiled before the measurement; the compile time is reported beside the table).
-* **peak memory**: the peak resident set of a fresh process that loads the model and
-  decodes ``--steps`` tokens, for each target (``VmHWM``).
+* **peak memory**: the peak resident set (``VmHWM``) of a fresh process while it loads
+  the model, then while it decodes ``--steps`` tokens (the peak reset after loading), for
+  each target, and for the runtime with ``keep_source=False`` (``fast-lean``).
 
 The CPU's instruction-set flags and torch's version go into the report with every figure.
 """
@@ -31,6 +32,7 @@ The CPU's instruction-set flags and torch's version go into the report with ever
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -124,10 +126,24 @@ def latency_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def step_times(runtime: str, dtype: torch.dtype, steps: int, threads: int) -> list[float]:
-    """Milliseconds of each of ``steps`` plain decoding steps after an 8-token prompt."""
+def step_times(
+    runtime: str,
+    dtype: torch.dtype,
+    steps: int,
+    threads: int,
+    *,
+    keep_source: bool = True,
+    after_load: Any = None,
+) -> list[float]:
+    """Milliseconds of each of ``steps`` plain decoding steps after an 8-token prompt;
+    ``after_load()`` is called once the model is loaded."""
     torch.set_num_threads(threads)
-    model, _ = load_default_model(dtype=dtype, runtime=runtime, max_length=steps + 64)
+    model, _ = load_default_model(
+        dtype=dtype, runtime=runtime, max_length=steps + 64, keep_source=keep_source
+    )
+    gc.collect()
+    if after_load is not None:
+        after_load()
     generator = torch.Generator().manual_seed(0)
     model.prefill(torch.randint(model.vocab_size, (8,), generator=generator))
     times = []
@@ -139,18 +155,32 @@ def step_times(runtime: str, dtype: torch.dtype, steps: int, threads: int) -> li
     return times
 
 
-def peak_memory_mib(runtime: str, dtype: str, steps: int) -> float:
-    """Peak resident set (MiB) of a fresh process that loads the model and decodes ``steps``."""
+def _peak_mib(reset: bool = False) -> float:
+    """This process's peak resident set (``VmHWM``, MiB); ``reset``: then restart it."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM"))
+    if reset:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    return int(line.split()[1]) / 1024
+
+
+def peak_memory_mib(target: str, dtype: str, steps: int) -> tuple[float, float]:
+    """Peak resident set (MiB) of a fresh process that loads the model (``target``: ``hf``,
+    ``fast``, or ``fast-lean``, the runtime with ``keep_source=False``), and its peak while
+    it then decodes ``steps`` tokens."""
+    runtime, keep = target.removesuffix("-lean"), not target.endswith("-lean")
     code = (
         "import torch, sys; sys.path.insert(0, 'benchmarks');"
-        "from runtime_latency import step_times;"
-        f"step_times({runtime!r}, torch.{dtype}, {steps}, 1);"
-        "print([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
+        "from runtime_latency import step_times, _peak_mib;"
+        f"step_times({runtime!r}, torch.{dtype}, {steps}, 1, keep_source={keep},"
+        " after_load=lambda: print(_peak_mib(reset=True)));"
+        "print(_peak_mib())"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    return int(out.split()[1]) / 1024
+    ).stdout.split()
+    return float(out[-2]), float(out[-1])
 
 
 def render(report: dict[str, Any]) -> str:
@@ -201,11 +231,11 @@ def render(report: dict[str, Any]) -> str:
                 f"{max(times):.1f} |"
             )
     if "peak_mib" in report:
-        lines += ["", "## Peak resident memory (MiB), load + decode", ""]
-        lines += ["| target | dtype | peak MiB |", "|---|---|---|"]
-        for key, mib in report["peak_mib"].items():
+        lines += ["", "## Peak resident memory (MiB): loading, then decoding", ""]
+        lines += ["| target | dtype | load | decode |", "|---|---|---|---|"]
+        for key, (load, decode) in report["peak_mib"].items():
             runtime, dtype = key.split("/")
-            lines.append(f"| {runtime} | {dtype} | {mib:.0f} |")
+            lines.append(f"| {runtime} | {dtype} | {load:.0f} | {decode:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -262,8 +292,8 @@ def main() -> int:
             )
     if not args.quick:
         report["peak_mib"] = {
-            f"{runtime}/{dtype}": peak_memory_mib(runtime, dtype, args.steps)
-            for runtime in ("hf", "fast")
+            f"{target}/{dtype}": peak_memory_mib(target, dtype, args.steps)
+            for target in ("hf", "fast", "fast-lean")
             for dtype in dtypes
         }
     write_json(args.out / "latency.json", report)

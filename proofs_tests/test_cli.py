@@ -230,7 +230,7 @@ def test_bad_cli_input_is_one_line_naming_the_argument(
     """Each bad input exits with status 2 before the model loads, printing one line on
     stderr that names the option (and no traceback)."""
 
-    def no_model(args: object) -> None:
+    def no_model(*args: object) -> None:
         raise AssertionError("the model was loaded before the bad input was reported")
 
     monkeypatch.setattr(cli, "_load", no_model)

@@ -91,7 +91,7 @@ def test_draft_model_drafts_for_the_draft_model_methods(
     methods (not a self-draft); the answers stay token-identical to `ar`."""
     parser = cli.build_parser()
     args = parser.parse_args(["bench", "--model", str(model_dir), "--draft-model", str(draft_dir)])
-    model, tokenizer = cli._load(args)
+    model, tokenizer = cli._load(args, [])
     context = cli._context(args, model, tokenizer)
     assert context.draft_model is not None and context.draft_model.num_layers == 1
     spec = METHODS["chain"]
@@ -105,6 +105,18 @@ def test_draft_model_drafts_for_the_draft_model_methods(
     report = json.loads(out.read_text())
     methods = report["methods"]
     assert methods["chain"]["identical"] == methods["dyspec"]["identical"] == 1
+
+
+def test_the_runtime_keeps_the_transformers_model_only_for_the_hf_peers() -> None:
+    """The CLI's target keeps its transformers model (`hf_model`) when an `hf` peer will run
+    it, and drops it otherwise, so that its weights can be freed."""
+    from verispec.bench.registry import parse_methods
+
+    args = cli.build_parser().parse_args(["bench", "--model", "tiny"])
+    alone, _ = cli._load(args, parse_methods("ar,dtr", METHODS))
+    with_peer, _ = cli._load(args, parse_methods("ar,hf-pld", METHODS))
+    assert alone.runtime_note.startswith("fast runtime") and alone.hf_model is None
+    assert with_peer.hf_model is not None
 
 
 def test_draft_model_vocabulary_mismatch(tmp_path: Path, model_dir: Path) -> None:
@@ -122,7 +134,7 @@ def test_draft_model_vocabulary_mismatch(tmp_path: Path, model_dir: Path) -> Non
     args = cli.build_parser().parse_args(
         ["bench", "--model", str(model_dir), "--draft-model", str(other)]
     )
-    model, tokenizer = cli._load(args)
+    model, tokenizer = cli._load(args, [])
     with pytest.raises(IncompatibleModelsError, match="vocabulary"):
         cli._context(args, model, tokenizer)
 

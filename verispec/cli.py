@@ -170,9 +170,17 @@ def _check_model_source(args: argparse.Namespace) -> None:
         model_source(args.draft_model)
 
 
-def _load_model_source(args: argparse.Namespace, dtype: Any, device: str) -> tuple[Any, Any]:
+def _load_model_source(
+    args: argparse.Namespace, dtype: Any, device: str, keep_source: bool
+) -> tuple[Any, Any]:
     """The target and its tokenizer from ``--model`` (and ``--tokenizer``), on ``--runtime``."""
-    options = {"dtype": dtype, "device": device, "runtime": args.runtime, "compile": args.compile}
+    options = {
+        "dtype": dtype,
+        "device": device,
+        "runtime": args.runtime,
+        "compile": args.compile,
+        "keep_source": keep_source,
+    }
     if args.model == "tiny":
         from verispec.bench.smoke import load_smoke_model
 
@@ -465,8 +473,12 @@ def _device(text: str) -> str:
     return text
 
 
-def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+def _load(args: argparse.Namespace, specs: Sequence[Any]) -> tuple[Any, Any]:
+    """The target and its tokenizer; the runtime keeps the transformers model only when
+    one of ``specs`` runs it (the ``hf`` peers), else its weights are freed."""
     import torch
+
+    from verispec.bench.methods import METHODS
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -474,7 +486,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     from verispec.models.runtime import default_dtype
 
     dtype = default_dtype(device) if args.dtype == "auto" else getattr(torch, args.dtype)
-    model, tokenizer = _load_model_source(args, dtype, device)
+    keep_source = any(METHODS[spec.name].runs_source for spec in specs)
+    model, tokenizer = _load_model_source(args, dtype, device, keep_source)
     print(
         f"verispec: target: {model.runtime_note}; {torch.get_num_threads()} CPU thread(s)",
         file=sys.stderr,
@@ -694,7 +707,7 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(note, file=sys.stderr)
 
     # 2. load and run
-    model, tokenizer = _load(args)
+    model, tokenizer = _load(args, specs)
     context = _context(args, model, tokenizer, config.verifier)
     with kernels:  # one scope for building the runners and running them
         specs, runners = _bench_runners(context, specs)
@@ -858,7 +871,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     check_available(specs)
     kernels = _kernel_scope(args)
     _check_model_source(args)
-    model, tokenizer = _load(args)
+    model, tokenizer = _load(args, specs)
     context = _context(args, model, tokenizer, config.verifier)
     ids = build_prompt_ids(tokenizer, [{"role": "user", "content": args.prompt}], chat=args.chat)
     with kernels:

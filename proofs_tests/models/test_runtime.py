@@ -248,6 +248,35 @@ def test_rows_padded_to_keep_products_row_invariant() -> None:
     assert FastModel(LlamaForCausalLM(config))._shared.bucket(1) == 4
 
 
+def test_keep_source_false_drops_the_transformers_model() -> None:
+    """keep_source=False keeps no reference to the transformers model (it is freed once the
+    caller lets go of it: weak reference dead after garbage collection) and computes the same
+    logits as a runtime that keeps it."""
+    import gc
+    import weakref
+
+    hf = tiny_model(vocab_size=V, seed=2, dtype=torch.float32).hf_model
+    kept = FastModel(hf, dtype=torch.float32)
+    dropped = FastModel(hf, dtype=torch.float32, keep_source=False)
+    assert kept.hf_model is hf and dropped.hf_model is None
+    assert dropped.config is hf.config and dropped.eos_token_id == kept.eos_token_id
+    source = weakref.ref(hf)
+    del hf, kept
+    gc.collect()
+    assert source() is None
+    tree = DraftTree.from_parents([5, 6, 7], [-1, 0, 0])
+    dropped.prefill(torch.tensor([1, 2, 3]))
+    logits = dropped.forward_tree(tree)
+    reference = FastModel(
+        tiny_model(vocab_size=V, seed=2, dtype=torch.float32).hf_model, dtype=torch.float32
+    )
+    reference.prefill(torch.tensor([1, 2, 3]))
+    assert torch.equal(logits, reference.forward_tree(tree))
+    assert "LlamaForCausalLM" in repr(dropped)
+    with pytest.raises(ConfigError, match="keep_source"):
+        FastModel(reference.hf_model, keep_source="no")  # type: ignore[arg-type]
+
+
 def test_kv_cache_view() -> None:
     """kv_cache() gives each layer's committed keys and values, Shape: (1, Hkv, S, D), without
     the values' column of ones."""

@@ -281,13 +281,16 @@ def _entries() -> list[MethodEntry]:
             lambda context, params: EngineRunner(context, None),
             drafter=_model_free("ar", ar),
         ),
-        MethodEntry("hf", "transformers generate (greedy at T=0), same model", (), _hf()),
+        MethodEntry(
+            "hf", "transformers generate (greedy at T=0), same model", (), _hf(), runs_source=True
+        ),
         MethodEntry(
             "hf-static",
             "transformers generate with its static cache and torch.compile (its fastest "
             "greedy path; compile time untimed and reported)",
             (),
             _hf(static_cache=True),
+            runs_source=True,
         ),
         MethodEntry(
             "hf-pld",
@@ -300,6 +303,7 @@ def _entries() -> list[MethodEntry]:
                 },
                 drafts="opaque",
             ),
+            runs_source=True,
         ),
         MethodEntry(
             "hf-assist-ee",
@@ -310,6 +314,7 @@ def _entries() -> list[MethodEntry]:
             ),
             _hf_assist_ee,
             _early_exit_available,
+            runs_source=True,
         ),
         *(_drafter(*row) for row in _DRAFTERS),
         MethodEntry(

@@ -132,6 +132,8 @@ class MethodEntry:
             builds the drafter (``None`` for ``ar``); ``None`` for the peers.
         extra: the pip extra of an optional peer (``"llamacpp"``): the benchmark skips
             such a method, saying why, where it cannot run.
+        runs_source: the method runs the transformers model itself (the ``hf`` peers),
+            so the fast runtime must keep it (``keep_source``).
     """
 
     name: str
@@ -141,6 +143,7 @@ class MethodEntry:
     availability: Callable[[], str | None] = attrs.field(default=lambda: None)
     drafter: Callable[[Any, dict[str, Any], Any], Any] | None = None
     extra: str | None = None
+    runs_source: bool = False
 
     def param(self, key: str) -> Param:
         for param in self.params:

@@ -40,10 +40,12 @@ def load_smoke_model(
     *,
     runtime: str = "auto",
     compile: bool = False,
+    keep_source: bool = True,
 ) -> tuple[Any, ByteTokenizer]:
     """A 4-layer random Llama over the byte vocabulary, and its :class:`ByteTokenizer`.
 
-    ``runtime`` and ``compile`` as for :func:`verispec.models.default.make_target`.
+    ``runtime``, ``compile`` and ``keep_source`` as for
+    :func:`verispec.models.default.make_target`.
     """
     from verispec.models.default import make_target
     from verispec.models.tiny import tiny_llama
@@ -57,4 +59,5 @@ def load_smoke_model(
         dtype=dtype,
         device=device,
     )
-    return make_target(llama.hf_model, runtime=runtime, compile=compile), tokenizer
+    target = make_target(llama.hf_model, runtime=runtime, compile=compile, keep_source=keep_source)
+    return target, tokenizer

@@ -112,6 +112,7 @@ def make_target(
     dtype: torch.dtype | str | None = None,
     max_length: int | None = None,
     compile: bool = False,
+    keep_source: bool = True,
 ) -> FastModel | HFModel:
     """Wrap a loaded ``transformers`` causal LM as the decoding target.
 
@@ -125,6 +126,8 @@ def make_target(
             runs the model in its own dtype.
         max_length: optional cap on the context.
         compile: compile the runtime's forward per tree-size bucket (see :class:`FastModel`).
+        keep_source: the runtime keeps ``hf_model`` (``False``: drops its reference, see
+            :class:`FastModel`); the adapter always keeps it.
 
     The returned model's ``runtime_note`` says which was picked and why.
 
@@ -140,7 +143,13 @@ def make_target(
         note = "HF adapter (asked for with runtime='hf')"
     else:
         try:
-            model = FastModel(hf_model, dtype=dtype, max_length=max_length, compile=compile)
+            model = FastModel(
+                hf_model,
+                dtype=dtype,
+                max_length=max_length,
+                compile=compile,
+                keep_source=keep_source,
+            )
             note = f"fast runtime ({model.runtime}, {str(model.dtype).replace('torch.', '')})"
         except UnsupportedModelError as error:
             if runtime == "fast":
@@ -159,6 +168,7 @@ def load_default_model(
     max_length: int | None = None,
     runtime: str = "auto",
     compile: bool = False,
+    keep_source: bool = True,
 ) -> tuple[FastModel | HFModel, Any]:
     """Load SmolLM2-135M-Instruct and its tokenizer.
 
@@ -172,6 +182,8 @@ def load_default_model(
             Face adapter (sdpa attention), the reference. See :func:`make_target`.
         compile: compile the runtime's forward per tree-size bucket (call the model's
             ``warm_up()`` to compile before timing anything).
+        keep_source: keep the transformers model as the runtime's ``hf_model`` (for the
+            ``hf`` peers); ``False`` frees its weights once converted (:class:`FastModel`).
 
     Returns:
         ``(model, tokenizer)``: a :class:`FastModel` (or an :class:`HFModel`), and a
@@ -198,6 +210,11 @@ def load_default_model(
     hf_model = hf_model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     model = make_target(
-        hf_model, runtime=runtime, dtype=dtype, max_length=max_length, compile=compile
+        hf_model,
+        runtime=runtime,
+        dtype=dtype,
+        max_length=max_length,
+        compile=compile,
+        keep_source=keep_source,
     )
     return model, tokenizer

@@ -84,6 +84,7 @@ def load_model(
     max_length: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     compile: bool = False,
+    keep_source: bool = True,
 ) -> tuple[Any, Any]:
     """Load a causal LM from a local directory or GGUF file, and its tokenizer.
 
@@ -91,7 +92,7 @@ def load_model(
         path: a ``save_pretrained`` directory or a ``.gguf`` file.
         tokenizer: a directory holding the tokenizer, when ``path`` has none (or another
             one is wanted).
-        dtype, device, runtime, max_length, cache_dir, compile: as for
+        dtype, device, runtime, max_length, cache_dir, compile, keep_source: as for
             :func:`~verispec.models.default.load_default_model`.
 
     Returns:
@@ -134,6 +135,11 @@ def load_model(
             f"cannot load a tokenizer from `{tokenizer_source}`: {exc}.{hint}"
         ) from None
     model = make_target(
-        hf_model, runtime=runtime, dtype=dtype, max_length=max_length, compile=compile
+        hf_model,
+        runtime=runtime,
+        dtype=dtype,
+        max_length=max_length,
+        compile=compile,
+        keep_source=keep_source,
     )
     return model, loaded_tokenizer
