@@ -54,3 +54,25 @@ def test_a_growing_sequence_does_not_recompile(models) -> None:
         compiled.forward_tree(DraftTree.empty())
     assert counters["stats"]["unique_graphs"] == graphs
     assert compiled.setup_s == seconds
+
+
+def test_after_warm_up_real_passes_build_no_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After warm_up, a prompt longer than the last bucket and decoding steps build no new graph
+    and add no compile time: warm_up makes its inputs as the runtime's passes do, and a pass
+    past the last bucket runs eagerly (a new prompt length must not compile)."""
+    from torch._dynamo.utils import counters
+
+    import verispec.models._compiled as compiled_module
+
+    monkeypatch.setattr(compiled_module, "BUCKETS", (2,))  # warm up one bucket only
+    hf = tiny_model("llama", vocab_size=64, seed=6, dtype=torch.float32, hidden_size=64).hf_model
+    model = FastModel(hf, compile=True)
+    assert model.warm_up() > 0
+    graphs, seconds = counters["stats"]["unique_graphs"], model.setup_s
+    for length in (70, 83):
+        model.prefill(torch.arange(length) % 64)
+        for token in range(3):
+            model.forward_tree(DraftTree.empty())  # bucket 2
+            model.commit([], token)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert model.setup_s == seconds

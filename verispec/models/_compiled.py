@@ -125,9 +125,10 @@ class CompiledForward(BucketedForward):
     def warm_up(self, caches: list[KVCache], layers: tuple[int, ...] | None = None) -> float:
         """Compile every bucket for these caches (their slots are overwritten); return seconds."""
         before = self.setup_s
-        for size in BUCKETS:
+        for size in BUCKETS:  # inputs made as FastModel makes them (outside inference mode)
             tokens = torch.zeros(size, dtype=torch.long, device=caches[0].k.device)
             mask = torch.ones(size, size, dtype=torch.bool, device=tokens.device).tril_()
+            positions, where = torch.arange(size), torch.tensor([0, 128])
             with torch.inference_mode():
-                self(tokens, torch.arange(size), caches, torch.tensor([0, 128]), mask, layers)
+                self(tokens, positions, caches, where, mask, layers)
         return self.setup_s - before

@@ -118,7 +118,7 @@ class BucketedForward(abc.ABC):
     ) -> torch.Tensor:
         """As :meth:`Transformer.forward <verispec.models.llama.Transformer.forward>`."""
         queries, width = local_mask.shape
-        if queries != width or queries != bucket_for(queries):
+        if queries != width or queries not in BUCKETS:  # a long prefill chunk: eager
             return self.transformer(tokens, positions, caches, where, local_mask, layers)
         return self.run_bucket(tokens, positions, caches, where, local_mask, layers)
 
