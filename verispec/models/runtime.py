@@ -56,8 +56,11 @@ __all__ = [
     "row_invariant_kernels",
 ]
 
-BUCKETS: tuple[int, ...] = (2, 4, 8, 12, 16, 20, 24, 32, 48, 64)
-"""New-token counts the compiled and graphed forwards are built for (one graph each)."""
+BUCKETS: tuple[int, ...] = (2, 4, 8, 12, 16, 20, 24, 32, 48, 64, 96, 128)
+"""New-token counts the compiled and graphed forwards are built for (one graph each): up to
+the largest trees the drafters send (80 nodes for Token Recycling's 2.2.2 template, 64 for
+``dtr:budget=auto``) with their root, so that every step of a generation runs a built graph;
+longer passes (prefill chunks, shared by every method) run eagerly."""
 
 _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
 _COMPILED_CAPACITY = 4096  # compiled mode's first allocation (a new capacity recompiles)
