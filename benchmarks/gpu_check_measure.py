@@ -164,7 +164,7 @@ def build_llama(shape: dict[str, Any], dtype: Any, device: Any, seed: int = 0) -
 
 def _target(check: Any, dtype: Any) -> tuple[Any, Any, str]:
     """(model, tokenizer, what): the real SmolLM2 if installed and loadable, else random."""
-    from verispec.bench.smoke import ByteTokenizer
+    from verispec.models.tiny import ByteTokenizer
 
     if check.dry:
         return build_llama(TINY_SHAPE, dtype, check.device), ByteTokenizer(), "tiny random Llama"
@@ -241,10 +241,10 @@ def _bench_run(
 ) -> Any:
     from verispec.bench.methods import METHODS
     from verispec.bench.prompts import select_questions, shipped_questions
-    from verispec.bench.registry import parse_methods
     from verispec.bench.report import summarise
     from verispec.bench.runner import BenchConfig, make_context, run_bench
     from verispec.kernels.backend import use_backend
+    from verispec.specs import parse_methods
 
     questions = select_questions(shipped_questions(), limit=check.limit, max_turns=1)
     config = BenchConfig(max_new_tokens=check.max_new_tokens, warmup=1, chat=chat)

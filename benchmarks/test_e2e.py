@@ -27,9 +27,9 @@ import torch
 
 from verispec.bench.methods import METHODS
 from verispec.bench.prompts import build_prompt_ids, shipped_questions
-from verispec.bench.registry import parse_method
 from verispec.bench.runner import make_context
 from verispec.core.types import GenerationConfig
+from verispec.specs import parse_method
 
 PROMPT_IDS = (7, 14, 27)  # coding (rewrite a function), summarisation, retrieval
 MAX_NEW_TOKENS = 48

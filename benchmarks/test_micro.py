@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from verispec.bench.methods import METHODS
-from verispec.bench.registry import parse_method
 from verispec.bench.runner import make_context
 from verispec.core import IID, DecodeState, DraftTree, SamplingParams, WithoutReplacement
 from verispec.decoder import SpeculativeDecoder
+from verispec.specs import parse_method
 from verispec.verifiers import Coupled, Greedy, RecursiveRejection
 
 V = 49152

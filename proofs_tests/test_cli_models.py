@@ -110,7 +110,7 @@ def test_draft_model_drafts_for_the_draft_model_methods(
 def test_the_runtime_keeps_the_transformers_model_only_for_the_hf_peers() -> None:
     """The CLI's target keeps its transformers model (`hf_model`) when an `hf` peer will run
     it, and drops it otherwise, so that its weights can be freed."""
-    from verispec.bench.registry import parse_methods
+    from verispec.specs import parse_methods
 
     args = cli.build_parser().parse_args(["bench", "--model", "tiny"])
     alone, _ = cli._load(args, parse_methods("ar,dtr", METHODS))

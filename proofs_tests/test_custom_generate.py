@@ -40,7 +40,7 @@ def hf_model() -> Any:
 @pytest.fixture(scope="module")
 def byte_model() -> tuple[Any, Any]:
     """A tiny float64 Llama over the smoke byte tokenizer (V = 258) and that tokenizer."""
-    from verispec.bench.smoke import ByteTokenizer
+    from verispec.models.tiny import ByteTokenizer
 
     model = tiny_llama(vocab_size=258, hidden_size=32, num_layers=2, max_length=512).hf_model
     return model, ByteTokenizer()

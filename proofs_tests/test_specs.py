@@ -71,7 +71,7 @@ def test_bad_specs_raise_a_clear_error(spec: str, match: str) -> None:
 def test_parse_spec_is_the_clis_parser() -> None:
     """``parse_spec`` gives the label and parameters the CLI's ``--methods`` parser gives."""
     from verispec.bench.methods import METHODS
-    from verispec.bench.registry import parse_methods
+    from verispec.specs import parse_methods
 
     for text in ("tr:template=16", "dtr:budget=auto", "pld:max=4:tree=false"):
         assert parse_spec(text) == parse_methods(text, METHODS)[0]

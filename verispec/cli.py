@@ -182,7 +182,7 @@ def _load_model_source(
         "keep_source": keep_source,
     }
     if args.model == "tiny":
-        from verispec.bench.smoke import load_smoke_model
+        from verispec.models.tiny import load_smoke_model
 
         return load_smoke_model(**options)
     if args.model == "smollm2":
@@ -614,8 +614,8 @@ def _bench_specs(args: argparse.Namespace) -> tuple[list[Any], list[str]]:
     """The methods to run, and a note for each optional peer skipped (printed by the
     caller once every other argument has been checked, so an error comes first)."""
     from verispec.bench.methods import METHODS
-    from verispec.bench.registry import parse_methods
     from verispec.bench.runner import check_available
+    from verispec.specs import parse_methods
 
     texts = args.methods or [DEFAULT_METHODS]
     if [t.strip() for t in texts] == ["all"]:
@@ -857,9 +857,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from verispec.bench.methods import METHODS
     from verispec.bench.prompts import build_prompt_ids
-    from verispec.bench.registry import parse_methods
     from verispec.bench.runner import build_runners, check_available
     from verispec.errors import ConfigError
+    from verispec.specs import parse_methods
 
     specs = parse_methods(args.method, METHODS)
     if len(specs) != 1:

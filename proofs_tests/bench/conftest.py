@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from verispec.bench.runner import make_context
-from verispec.bench.smoke import load_smoke_model
+from verispec.models.tiny import load_smoke_model
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from verispec.bench.methods import METHODS
-from verispec.bench.registry import parse_method
 from verispec.models.markov import MarkovModel
+from verispec.specs import parse_method
 
 _DATA = Path(__file__).parent / "data" / "method_specs.json"
 _BUILT = ("tr", "dtr", "pld", "suffix")  # model-free drafters: built for a small target

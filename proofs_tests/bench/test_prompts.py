@@ -16,8 +16,8 @@ from verispec.bench.prompts import (
     select_questions,
     shipped_questions,
 )
-from verispec.bench.smoke import ByteTokenizer
 from verispec.errors import ConfigError
+from verispec.models.tiny import ByteTokenizer
 
 SPEC_BENCH = (
     Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question.jsonl"

@@ -32,10 +32,10 @@ from verispec.bench.records import (
     write_atomic,
     write_json,
 )
-from verispec.bench.registry import parse_methods
 from verispec.bench.runner import BenchConfig, TurnRecord, TurnResult, record_key, run_bench
 from verispec.core.types import GenerationConfig
 from verispec.errors import ConfigError
+from verispec.specs import parse_methods
 
 SPECS = parse_methods("ar,tr:template=8", METHODS)
 QUESTIONS = [Question(1, "chat", ("hi", "more")), Question(2, "qa", ("why",))]

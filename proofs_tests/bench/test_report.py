@@ -11,7 +11,6 @@ import pytest
 from verispec.bench.methods import METHODS
 from verispec.bench.plot import save_plot
 from verispec.bench.prompts import Question
-from verispec.bench.registry import parse_methods
 from verispec.bench.report import (
     render_category_table,
     render_markdown,
@@ -20,6 +19,7 @@ from verispec.bench.report import (
     to_json,
 )
 from verispec.bench.runner import BenchConfig, BenchRun, TurnRecord, TurnResult
+from verispec.specs import parse_methods
 
 
 def _result(tokens: list[int], seconds: float, steps: int, **kw: Any) -> TurnResult:

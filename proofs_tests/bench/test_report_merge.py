@@ -18,7 +18,6 @@ from verispec import cli
 from verispec.bench.methods import METHODS
 from verispec.bench.plot import family_labels, mat_curves, method_family, save_mat_plot
 from verispec.bench.prompts import Question
-from verispec.bench.registry import parse_methods
 from verispec.bench.report import (
     BenchReport,
     load_report,
@@ -32,6 +31,7 @@ from verispec.bench.report import (
 )
 from verispec.bench.runner import BenchConfig, BenchRun, TurnRecord, TurnResult
 from verispec.errors import ConfigError
+from verispec.specs import parse_methods
 
 PNG = b"\x89PNG\r\n\x1a\n"
 LABELS = ("hf", "ar", "hf-pld", "tr:template=8", "tr:template=16", "pld")

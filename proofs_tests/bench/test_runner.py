@@ -13,11 +13,11 @@ import pytest
 from verispec.bench.methods import METHODS
 from verispec.bench.prompts import Question, shipped_questions
 from verispec.bench.records import write_json
-from verispec.bench.registry import parse_methods
 from verispec.bench.report import summarise, to_json
 from verispec.bench.runner import BenchConfig, TurnResult, build_runners, run_bench
 from verispec.core.types import GenerationConfig
 from verispec.errors import ConfigError
+from verispec.specs import parse_methods
 
 
 class _SpyRunner:

@@ -312,10 +312,10 @@ def test_bench_spec_builds_auto_with_the_targets_table(
     """`dyspec:budget=auto:max_budget=8` measures (and caches) the target's latency table and
     hands it to DySpec; `budget=0` and `budget=lots` are refused when parsed."""
     from verispec.bench.methods import METHODS
-    from verispec.bench.registry import parse_method
     from verispec.bench.runner import BenchContext
     from verispec.drafters.budget import device_key
     from verispec.models.tiny import tiny_llama
+    from verispec.specs import parse_method
 
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
     spec = parse_method("dyspec:budget=auto:max_budget=8:draft_layers=1", METHODS)

@@ -25,7 +25,6 @@ from verispec.bench.prompts import (
     select_questions,
     shipped_questions,
 )
-from verispec.bench.registry import MethodEntry, MethodSpec, Param, parse_method, parse_methods
 from verispec.bench.report import (
     BenchReport,
     Figures,
@@ -53,6 +52,7 @@ from verispec.bench.runner import (
     make_context,
     run_bench,
 )
+from verispec.specs import MethodEntry, MethodSpec, Param, parse_method, parse_methods
 
 __all__ = [
     "METHODS", "BenchConfig", "BenchContext", "BenchReport", "BenchRun", "EngineRunner", "Figures",

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from verispec.bench.registry import show
 from verispec.bench.report import BenchReport, Figures
+from verispec.specs import show
 
 __all__ = [
     "SIZE_PARAMS", "family_labels", "mat_curves", "method_family", "save_mat_plot", "save_plot"

@@ -33,9 +33,9 @@ import attrs
 import torch
 
 from verispec.bench.prompts import Question
-from verispec.bench.registry import MethodSpec
 from verispec.bench.runner import BenchConfig, RecordKey, TurnRecord, record_key
 from verispec.errors import ConfigError
+from verispec.specs import MethodSpec
 
 __all__ = [
     "RecordLog", "check_writable", "default_records_path", "from_json", "json_object",

@@ -35,11 +35,11 @@ import attrs
 import torch
 
 from verispec.bench.prompts import Question, build_prompt_ids
-from verispec.bench.registry import MethodSpec
 from verispec.core.types import Drafter, GenerationConfig, LanguageModel
 from verispec.core.validate import boolean, integer
 from verispec.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
+from verispec.specs import MethodSpec
 from verispec.verifiers import default_verifier, recursive_verifier
 
 __all__ = [
@@ -628,7 +628,7 @@ def run_bench(
 
     Args:
         context: the loaded model (see :func:`make_context`).
-        specs: the methods (:func:`~verispec.bench.registry.parse_methods`).
+        specs: the methods (:func:`~verispec.specs.parse_methods`).
         questions: the questions, already selected.
         progress: show a tqdm progress bar on stderr.
         runners: prebuilt runners by label (default: built from ``specs``).

@@ -8,10 +8,17 @@ comparisons (tree forward against sequential forward, to 1e-9) meaningful.
 The weights are drawn with a larger standard deviation than a trained model's
 init so that the next-token distributions are far from uniform: greedy
 continuations are then well defined and drafts are sometimes right.
+
+:func:`load_smoke_model` (``verispec bench --model tiny``) is the seconds-to-load
+stand-in for the embedded model: a 4-layer random Llama over the bytes of
+:class:`ByteTokenizer`, to exercise the whole benchmark path (every method, tables,
+JSON, Markdown, PNG) in tests and when checking an installation. Its figures mean
+nothing about speed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -124,3 +131,50 @@ def tiny_qwen2(**kwargs: Any) -> HFModel:
 def tiny_mistral(**kwargs: Any) -> HFModel:
     """A tiny random Mistral (window = context); arguments as :func:`tiny_model`."""
     return tiny_model("mistral", **kwargs)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: id ``b + 2`` for byte ``b``; 0 = BOS, 1 = EOS. No chat template."""
+
+    bos_token_id = 0
+    eos_token_id = 1
+    chat_template = None
+    _OFFSET = 2
+
+    def __len__(self) -> int:
+        return 256 + self._OFFSET
+
+    def encode(self, text: str) -> list[int]:
+        return [self.bos_token_id, *(b + self._OFFSET for b in text.encode("utf-8"))]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        data = bytes(int(i) - self._OFFSET for i in ids if int(i) >= self._OFFSET)
+        return data.decode("utf-8", errors="replace")
+
+
+def load_smoke_model(
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    *,
+    runtime: str = "auto",
+    compile: bool = False,
+    keep_source: bool = True,
+) -> tuple[Any, ByteTokenizer]:
+    """A 4-layer random Llama over the byte vocabulary, and its :class:`ByteTokenizer`.
+
+    ``runtime``, ``compile`` and ``keep_source`` as for
+    :func:`verispec.models.default.make_target`.
+    """
+    from verispec.models.default import make_target
+
+    tokenizer = ByteTokenizer()
+    llama = tiny_llama(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_layers=4,
+        max_length=4096,
+        dtype=dtype,
+        device=device,
+    )
+    target = make_target(llama.hf_model, runtime=runtime, compile=compile, keep_source=keep_source)
+    return target, tokenizer

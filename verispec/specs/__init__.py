@@ -2,37 +2,54 @@
 
 A *spec* names a method and its parameters in the mini-language the command line uses
 (``tr:template=16:k=8``, ``dtr:budget=auto``, ``dyspec:budget=24``); ``verispec
-methods`` lists every method and parameter. This module is a thin public face over the
-one parser (:func:`verispec.bench.registry.parse_method`) and the method table
-(:data:`verispec.bench.methods.METHODS`): a spec means the same thing to the CLI, to
-the benchmark and to Python.
+methods`` lists every method and parameter. The grammar is
+:mod:`verispec.specs.grammar`, verispec's drafters are :data:`DRAFTERS`
+(:mod:`verispec.specs.drafters`); the benchmark adds its peers to the same table, so a
+spec means the same thing to the CLI, to the benchmark and to Python.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from verispec.core.types import Drafter, LanguageModel
 from verispec.errors import ConfigError
+from verispec.specs.drafters import DRAFTERS
+from verispec.specs.grammar import (
+    MethodEntry,
+    MethodSpec,
+    Param,
+    parse_method,
+    parse_methods,
+    show,
+)
 
-__all__ = ["drafter", "drafter_names", "parse_spec"]
+__all__ = [
+    "DRAFTERS", "MethodEntry", "MethodSpec", "Param", "drafter", "drafter_names", "parse_method",
+    "parse_methods", "parse_spec", "show",
+]  # fmt: skip
 
 
-def parse_spec(spec: str) -> Any:
-    """Parse one method spec into a :class:`~verispec.bench.registry.MethodSpec`.
+def parse_spec(spec: str) -> MethodSpec:
+    """Parse one spec of a verispec drafter (``ar`` included) into a :class:`MethodSpec`.
 
     Raises:
         ConfigError: an unknown method or parameter (the message lists what is allowed),
-            a malformed value, or more than one spec.
+            a benchmark peer (``hf``, ``llama-cpp``...), a malformed value, or more than
+            one spec.
     """
-    from verispec.bench.methods import METHODS
-    from verispec.bench.registry import parse_methods
-
     if not isinstance(spec, str):
         raise ConfigError(
             f"`spec` must be a method spec string like 'tr:template=16'; got {spec!r}."
         )
-    specs = parse_methods(spec, METHODS)
+    head = spec.split(":", 1)[0].strip()
+    if head and head not in DRAFTERS:
+        from verispec.bench.methods import METHODS  # only to name a peer as such
+
+        if head in METHODS:
+            raise ConfigError(
+                f"`{head}` is a benchmark peer, not a verispec drafter; drafters: "
+                f"{', '.join(drafter_names())}."
+            )
+    specs = parse_methods(spec, DRAFTERS)
     if len(specs) != 1:
         labels = ", ".join(s.label for s in specs)
         raise ConfigError(f"`spec` must name one method; got {len(specs)}: {labels}.")
@@ -41,9 +58,7 @@ def parse_spec(spec: str) -> Any:
 
 def drafter_names() -> list[str]:
     """The names of the methods :func:`drafter` builds (verispec's own, not the peers)."""
-    from verispec.bench.methods import METHODS
-
-    return [name for name, entry in METHODS.items() if entry.drafter is not None]
+    return list(DRAFTERS)
 
 
 def drafter(
@@ -74,17 +89,11 @@ def drafter(
             a method not installed, or a missing ``target``.
         IncompatibleModelsError: ``draft_model``'s vocabulary differs from ``target``'s.
     """
-    from verispec.bench.methods import METHODS
-
     parsed = parse_spec(spec)
-    entry = METHODS[parsed.name]
-    if entry.drafter is None:
-        raise ConfigError(
-            f"`{parsed.name}` is a benchmark peer, not a verispec drafter; drafters: "
-            f"{', '.join(drafter_names())}."
-        )
+    entry = DRAFTERS[parsed.name]
     reason = entry.availability()
     if reason is not None:
         raise ConfigError(f"method `{parsed.label}` is not available: {reason}")
+    assert entry.drafter is not None  # every entry of DRAFTERS builds a drafter
     made: Drafter | None = entry.drafter(target, parsed.params, draft_model)
     return made

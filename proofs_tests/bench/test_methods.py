@@ -1,4 +1,4 @@
-"""Tests of verispec/bench/registry.py and the method entries of verispec/bench/methods.py."""
+"""Tests of verispec/specs/grammar.py and the method entries of verispec/bench/methods.py."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from verispec.bench.methods import METHODS
-from verispec.bench.registry import MethodEntry, Param, parse_method, parse_methods, show
+from verispec.bench.methods import METHODS, BenchMethod
 from verispec.bench.runner import check_available
 from verispec.errors import ConfigError
+from verispec.specs import Param, parse_method, parse_methods, show
 
 
 def test_plain_names_parse_in_order() -> None:
@@ -171,8 +171,8 @@ def test_a_method_that_cannot_run_here_is_refused_naming_why() -> None:
     """A method whose availability gives a reason parses, and check_available refuses it,
     naming the method and the reason."""
     reason = "module `verispec.drafters.no_such_module` is not installed."
-    entry = MethodEntry("ghost", "a method whose drafter is missing", (), lambda c, p: None,
-                        lambda: reason)  # fmt: skip
+    entry = BenchMethod(name="ghost", summary="a method whose drafter is missing", params=(),
+                        build=lambda c, p: None, availability=lambda: reason)  # fmt: skip
     spec = parse_method("ghost", {"ghost": entry})
     assert spec.label == "ghost"
     METHODS["ghost"] = entry

@@ -1,15 +1,15 @@
 """Method specs: ``name:key=value`` strings parsed into validated, typed parameters.
 
-A benchmark method is named by a *spec*: the method's name, optionally followed by
-parameters, e.g. ``tr:template=16:k=8``. A list of specs is separated by commas; a
-``key=value`` item with no name continues the previous spec, so
-``ar,hf,tr:template=16,k=4,pld:max=10`` reads as ``ar``, ``hf``, ``tr:template=16:k=4``
-and ``pld:max=10``.
+A method is named by a *spec*: its name, optionally followed by parameters, e.g.
+``tr:template=16:k=8``. A list of specs is separated by commas; a ``key=value`` item with
+no name continues the previous spec, so ``ar,hf,tr:template=16,k=4,pld:max=10`` reads as
+``ar``, ``hf``, ``tr:template=16:k=4`` and ``pld:max=10``.
 
-Each method is one :class:`MethodEntry` (the table is :mod:`verispec.bench.methods`). A
-drafter's parameters are not declared here: :func:`option_params` reads them from the
-drafter's options class (fields made with :func:`verispec.core.validate.option`), whose
-checks, defaults and help they use.
+Each method is one :class:`MethodEntry`: verispec's drafters are in
+:mod:`verispec.specs.drafters`, the benchmark adds its peers
+(:mod:`verispec.bench.methods`). A drafter's parameters are not declared here:
+:func:`option_params` reads them from the drafter's options class (fields made with
+:func:`verispec.core.validate.option`), whose checks, defaults and help they use.
 """
 
 from __future__ import annotations
@@ -119,31 +119,26 @@ class Param:
 
 @attrs.frozen
 class MethodEntry:
-    """One benchmark method.
+    """One method.
 
     Attributes:
         name: the spec name (``tr``); ``summary``: one line for ``verispec methods``.
         params: the parameters the spec may set.
-        build: ``build(context, params) -> runner``, called once the model is loaded;
-            ``params`` holds every parameter, defaults filled in.
+        drafter: for verispec's own methods, ``drafter(target, params, draft_model)``
+            builds the drafter (``None`` for ``ar``); ``params`` holds every parameter,
+            defaults filled in. ``None`` for the benchmark's peers.
         availability: ``None`` when the method can run in this installation, else why
             not (a transformers feature missing, an optional extra not installed).
-        drafter: for verispec's own methods, ``drafter(target, params, draft_model)``
-            builds the drafter (``None`` for ``ar``); ``None`` for the peers.
-        extra: the pip extra of an optional peer (``"llamacpp"``): the benchmark skips
-            such a method, saying why, where it cannot run.
-        runs_source: the method runs the transformers model itself (the ``hf`` peers),
-            so the fast runtime must keep it (``keep_source``).
+        uses_draft_model: the drafter drafts with a draft model (``draft_model``, else a
+            self-draft of the target).
     """
 
     name: str
     summary: str
     params: tuple[Param, ...]
-    build: Callable[[Any, dict[str, Any]], Any]
-    availability: Callable[[], str | None] = attrs.field(default=lambda: None)
     drafter: Callable[[Any, dict[str, Any], Any], Any] | None = None
-    extra: str | None = None
-    runs_source: bool = False
+    availability: Callable[[], str | None] = attrs.field(default=lambda: None)
+    uses_draft_model: bool = False
 
     def param(self, key: str) -> Param:
         for param in self.params:
