@@ -3,9 +3,10 @@
 Typical use::
 
     from verispec.bench import (
-        METHODS, BenchConfig, make_context, parse_methods, run_bench, shipped_questions,
-        select_questions, summarise, render_table,
+        METHODS, BenchConfig, make_context, run_bench, shipped_questions, select_questions,
+        summarise, render_table,
     )
+    from verispec.specs import parse_methods
     model, tokenizer = verispec.load_default_model()
     run = run_bench(
         make_context(model, tokenizer),
@@ -52,14 +53,12 @@ from verispec.bench.runner import (
     make_context,
     run_bench,
 )
-from verispec.specs import MethodEntry, MethodSpec, Param, parse_method, parse_methods
 
 __all__ = [
     "METHODS", "BenchConfig", "BenchContext", "BenchReport", "BenchRun", "EngineRunner", "Figures",
-    "HFRunner", "LlamaCppRunner", "MethodEntry", "MethodRunner", "MethodSpec", "Param", "Question",
-    "TurnRecord", "TurnResult", "build_prompt_ids", "build_runners", "check_available",
-    "load_questions", "load_report", "make_context", "merge_reports", "parse_method",
-    "parse_methods", "parse_questions", "render_category_table", "render_markdown", "render_table",
-    "report_from_json", "run_bench", "select_questions", "shipped_questions", "summarise",
-    "to_json"
+    "HFRunner", "LlamaCppRunner", "MethodRunner", "Question", "TurnRecord", "TurnResult",
+    "build_prompt_ids", "build_runners", "check_available", "load_questions", "load_report",
+    "make_context", "merge_reports", "parse_questions", "render_category_table",
+    "render_markdown", "render_table", "report_from_json", "run_bench", "select_questions",
+    "shipped_questions", "summarise", "to_json",
 ]  # fmt: skip
