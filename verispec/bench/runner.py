@@ -210,8 +210,7 @@ class EngineRunner:
 
 class _Peer:
     """What the peers share: nothing learnt across prompts, a cache or context grown in
-    steps (untimed), and how an answer is reported. ``drafts``: ``"none"`` (no draft
-    time), ``"forwards"`` (draft forwards, timed) or ``"opaque"`` (drafting unseen)."""
+    steps (untimed), and how an answer is reported (``drafts``: see :class:`HFRunner`)."""
 
     context: BenchContext
     drafts = "none"
@@ -262,11 +261,13 @@ class _Peer:
 
 class HFRunner(_Peer):
     """``hf_model.generate`` with fixed ``extra`` keyword arguments (e.g.
-    ``{"prompt_lookup_num_tokens": 10}``); ``drafts`` as in :class:`_Peer` (``"forwards"``:
-    ``assistant_early_exit``, which drafts with the same module, its ``num_hidden_layers``
-    lowered). Hooks count and time the model's forwards (on CUDA they record events, read
-    after the call). ``static_cache``: transformers' static cache, sized in multiples of
-    512 slots, its decode step compiled (untimed, for each new size)."""
+    ``{"prompt_lookup_num_tokens": 10}``). ``drafts``: ``"none"`` (no draft time),
+    ``"forwards"`` (``assistant_early_exit``: the same module with its
+    ``num_hidden_layers`` lowered, timed as drafting) or ``"opaque"`` (outside any
+    forward, e.g. prompt lookup: unknown). Hooks count and time the model's forwards (on
+    CUDA they record events, read after the call). ``static_cache``: transformers' static
+    cache, sized in multiples of 512 slots, its decode step compiled (untimed, for each
+    new size)."""
 
     def __init__(
         self,
