@@ -1,24 +1,18 @@
-"""The benchmark loop and its runners: every method on every prompt, interleaved.
+"""The benchmark loop and its runners (what they measure and why: docs/benchmarks.rst,
+"How it measures" and "The llama.cpp peers").
 
-Every method answers a whole conversation (turn 2 follows its own answer to turn 1)
-before the next question starts, the first method rotating, so a drift of the machine
-hits all alike. Each first answers ``warmup`` prompts outside the set, then forgets what
-it learnt (Token Recycling's matrix, a suffix corpus): the measured run starts cold.
-``carry_corpus`` instead adds every measured answer to its method's corpus
-(cross-request). A resumed run keeps the answers an interrupted one finished
-(``finished``, from :mod:`verispec.bench.records`); a method that learns across prompts
-answers them again, unrecorded, to reach the state an uninterrupted run would have.
+:func:`run_bench` has every method answer a whole conversation before the next question,
+the first method rotating; each first answers ``warmup`` prompts outside the set, then
+forgets what it learnt, so the measured run starts cold. ``carry_corpus`` adds every
+measured answer to its method's corpus (cross-request). A resumed run keeps the answers an
+interrupted one ``finished`` (:mod:`verispec.bench.records`); a method that learns across
+prompts answers them again, unrecorded, to reach the state an uninterrupted run would have.
 
-All runners are timed alike: one wall clock around the whole call (prefill included)
-after synchronising the device, and the call's peak memory (CUDA's peak allocation, else
-the process's peak resident set ``VmHWM``, reset before the call where Linux allows it).
-Work before a method can answer at full speed (compiling, sizing a cache) is untimed,
-summed in its ``setup_s``. :class:`EngineRunner` is verispec's decoder with a drafter
-that lives as long as the runner; :class:`HFRunner` is transformers' ``generate`` on the
-same model, its forwards counted and timed by hooks; :class:`LlamaCppRunner` is
-``llama-cpp-python`` (an optional extra) on the target's GGUF file, with the same prompt
-*ids*, budget, end-of-sequence ids, greedy sampler and threads, from an empty cache each
-call, computing with the file's own quantized weights; each ``Llama.eval`` is a forward.
+Every runner is timed by :func:`measure_call` (one wall clock around the whole call, and
+its peak memory); work before a method can answer at full speed (compiling, sizing a
+cache) is untimed, summed in its ``setup_s``. :class:`EngineRunner` is verispec's decoder;
+:class:`HFRunner` transformers' ``generate`` on the same model, its forwards counted and
+timed by hooks; :class:`LlamaCppRunner` llama-cpp-python on the target's GGUF file.
 """
 
 from __future__ import annotations
@@ -36,7 +30,7 @@ import torch
 
 from verispec.bench.prompts import Question, build_prompt_ids
 from verispec.core.types import Drafter, GenerationConfig, LanguageModel
-from verispec.core.validate import boolean, integer
+from verispec.core.validate import attrs_check, boolean, integer
 from verispec.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
 from verispec.specs import MethodSpec
@@ -50,10 +44,10 @@ __all__ = [
 
 WARMUP_PROMPT = "Count from one to ten in words, then name three colours of the rainbow."
 VERIFIERS = ("default", "recursive")  # the acceptance rules at temperature > 0
-LLAMA_CPP_HINT = (
-    "install it with `pip install 'verispec[llamacpp]'` (= `pip install llama-cpp-python`: "
-    "builds llama.cpp from source with a C++ compiler and cmake, ~25 min on 2 cores) or run "
-    "`VERISPEC_LLAMACPP=1 bash scripts/bench.sh`"
+_REPLAY_DIFFERS = (
+    "`{0.method}` answered question {0.question_id} turn {0.turn} differently when replayed "
+    "for --resume than in the records (another machine, thread count or version?); its "
+    "learnt state may differ from the interrupted run's."
 )
 
 
@@ -75,16 +69,14 @@ class BenchContext:
     tokenizer: Any
     hf_model: Any = None
     eos_token_ids: tuple[int, ...] = ()
-    verifier: str = "default"
+    verifier: str = attrs.field(default="default", validator=attrs_check(_verifier))
     draft_model: Any = None
     gguf: str | None = None
 
     @property
     def device(self) -> torch.device:
-        device = getattr(self.target, "device", None)
-        if device is None and self.hf_model is not None:
-            device = self.hf_model.device
-        return torch.device(device if device is not None else "cpu")
+        device = getattr(self.target, "device", None) or getattr(self.hf_model, "device", None)
+        return torch.device(device or "cpu")
 
 
 @attrs.frozen
@@ -138,7 +130,9 @@ def _rss_peak_bytes() -> int:
 
 
 def measure_call(device: torch.device, fn: Callable[[], Any]) -> tuple[Any, float, int]:
-    """Run ``fn()``; return its result, wall seconds and peak memory bytes."""
+    """Run ``fn()``; return its result, wall seconds (the device synchronised before and
+    after) and peak memory bytes: CUDA's peak allocation, else the process's peak resident
+    set ``VmHWM``, reset before the call where Linux allows it."""
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -153,27 +147,6 @@ def measure_call(device: torch.device, fn: Callable[[], Any]) -> tuple[Any, floa
     seconds = time.perf_counter() - start
     peak = int(torch.cuda.max_memory_allocated(device)) if cuda else _rss_peak_bytes()
     return out, seconds, peak
-
-
-class _Peer:
-    """What the peers share: nothing learnt across prompts, and how an answer is reported."""
-
-    context: BenchContext
-    setup_s = 0.0
-
-    def reset(self) -> None:
-        pass
-
-    def remember(self, tokens: Sequence[int]) -> None:
-        pass
-
-    def _result(self, tokens: list[int], config: GenerationConfig, **measured: Any) -> TurnResult:
-        eos = set(config.eos_token_ids or self.context.eos_token_ids)
-        finish = "eos" if tokens and tokens[-1] in eos else "max_new_tokens"
-        text = _decode(self.context.tokenizer, tokens)
-        return TurnResult(
-            tokens, text, committed=len(tokens), finish_reason=finish, verify_s=None, **measured
-        )
 
 
 def _decode(tokenizer: Any, tokens: Sequence[int]) -> str:
@@ -235,72 +208,66 @@ class EngineRunner:
         )
 
 
-class _ForwardClock:
-    """Forward hooks that count and time an HF model's target and draft forwards while one
-    ``generate`` runs. With ``assistant_early_exit`` transformers drafts with the same
-    module, its ``num_hidden_layers`` lowered: such calls count as drafting. On CUDA the
-    hooks record events rather than synchronise; the times are read after the call."""
+class _Peer:
+    """What the peers share: nothing learnt across prompts, a cache or context grown in
+    steps (untimed), and how an answer is reported (``drafts``: see :class:`HFRunner`)."""
 
-    def __init__(self, hf_model: Any, device: torch.device) -> None:
-        self.model, self.cuda = hf_model, device.type == "cuda"
-        self.full_layers = getattr(hf_model.config, "num_hidden_layers", None)
-        self._started: Any = None
-        self._spans: list[tuple[bool, Any, Any]] = []  # (is_draft, start, end)
+    context: BenchContext
+    drafts = "none"
+    setup_s = 0.0
+    size = 0  # tokens the cache or context holds; 0: not built yet
 
-    @contextlib.contextmanager
-    def attached(self, compiled: bool = False) -> Iterator[None]:
-        """Hooks on the model while the block runs; ``compiled`` (hf-static): the forward
-        is compiled and must call the hooks, not trace them."""
-        self._spans = []
-        before, after = self._before, self._after
-        if compiled:  # imported only here: torch._dynamo is heavy and imports Triton
-            before, after = torch.compiler.disable(before), torch.compiler.disable(after)
-        handles = [
-            self.model.register_forward_pre_hook(before),
-            self.model.register_forward_hook(after),
-        ]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
+    def reset(self) -> None:
+        pass
 
-    def _now(self) -> Any:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+    def remember(self, tokens: Sequence[int]) -> None:
+        pass
 
-    def _before(self, module: Any, args: Any) -> None:
-        self._started = self._now()
+    def _fit(self, needed: int, step: int, build: Callable[[], object]) -> None:
+        """Where ``needed`` tokens exceed ``size``: grow it to a multiple of ``step`` (few
+        sizes, few rebuilds) and ``build()``, its seconds added to ``setup_s``."""
+        if needed > self.size:
+            start, self.size = time.perf_counter(), -(-needed // step) * step
+            build()
+            self.setup_s += time.perf_counter() - start
 
-    def _after(self, module: Any, args: Any, output: Any) -> None:
-        base = getattr(self.model, getattr(self.model, "base_model_prefix", ""), self.model)
-        layers = getattr(getattr(base, "config", None), "num_hidden_layers", None)
-        full = self.full_layers
-        is_draft = layers is not None and full is not None and layers < full
-        self._spans.append((is_draft, self._started, self._now()))
-
-    def totals(self) -> tuple[int, float, float]:
-        """Target forwards, target seconds, draft seconds of the last attached call."""
-        calls, target_s, draft_s = 0, 0.0, 0.0
-        for is_draft, start, end in self._spans:
-            seconds = start.elapsed_time(end) / 1000 if self.cuda else end - start
-            if is_draft:
-                draft_s += seconds
-            else:
-                calls, target_s = calls + 1, target_s + seconds
-        return calls, target_s, draft_s
+    def _result(
+        self,
+        tokens: list[int],
+        config: GenerationConfig,
+        seconds: float,
+        peak: int,
+        forwards: int,
+        target_s: float | None = None,
+        draft_s: float = 0.0,
+    ) -> TurnResult:
+        """The answer ``tokens`` of a call measured by :func:`measure_call`, made in
+        ``forwards`` target forwards (at least one: the prefill yields a token)."""
+        eos = set(config.eos_token_ids or self.context.eos_token_ids)
+        return TurnResult(
+            tokens,
+            _decode(self.context.tokenizer, tokens),
+            seconds,
+            steps=max(forwards, 1),
+            committed=len(tokens),
+            tree_nodes=0 if self.drafts == "none" else None,
+            draft_s={"none": 0.0, "forwards": draft_s}.get(self.drafts),
+            target_s=target_s,
+            verify_s=None,
+            peak_memory=peak,
+            finish_reason="eos" if tokens and tokens[-1] in eos else "max_new_tokens",
+        )
 
 
 class HFRunner(_Peer):
     """``hf_model.generate`` with fixed ``extra`` keyword arguments (e.g.
     ``{"prompt_lookup_num_tokens": 10}``). ``drafts``: ``"none"`` (no draft time),
-    ``"forwards"`` (early-exit forwards of the same module, timed by the hooks) or
-    ``"opaque"`` (outside any forward, e.g. prompt lookup: unknown). ``static_cache``:
-    transformers' static cache, sized in multiples of 512 slots, its decode step compiled
-    (untimed, for each new size)."""
+    ``"forwards"`` (``assistant_early_exit``: the same module with its
+    ``num_hidden_layers`` lowered, timed as drafting) or ``"opaque"`` (outside any
+    forward, e.g. prompt lookup: unknown). Hooks count and time the model's forwards (on
+    CUDA they record events, read after the call). ``static_cache``: transformers' static
+    cache, sized in multiples of 512 slots, its decode step compiled (untimed, for each
+    new size)."""
 
     def __init__(
         self,
@@ -317,8 +284,41 @@ class HFRunner(_Peer):
             )
         self.context, self.model, self.extra = context, context.hf_model, dict(extra)
         self.drafts, self.static_cache = drafts, static_cache
-        self.clock = _ForwardClock(self.model, context.device)
-        self._cache_len = 0  # static cache slots the compiled forward was warmed up for
+        self.cuda = context.device.type == "cuda"
+        self.full_layers = getattr(self.model.config, "num_hidden_layers", None)
+        self._stamps: list[tuple[bool, Any]] = []  # (drafting, time) before and after each
+
+    def _stamp(self, *_: Any) -> None:
+        """The forward hook, before and after: the time, and whether the call drafts."""
+        base = getattr(self.model, getattr(self.model, "base_model_prefix", ""), self.model)
+        layers = getattr(getattr(base, "config", None), "num_hidden_layers", None)
+        drafting = layers is not None and self.full_layers is not None and layers < self.full_layers
+        now: Any = time.perf_counter()
+        if self.cuda:
+            now = torch.cuda.Event(enable_timing=True)
+            now.record()
+        self._stamps.append((drafting, now))
+
+    @contextlib.contextmanager
+    def _hooked(self) -> Iterator[None]:
+        """The hooks on the model while the block runs. Under hf-static's compiled forward
+        they must be called, not traced (torch._dynamo, heavy, is imported only then)."""
+        self._stamps = []
+        stamp = torch.compiler.disable(self._stamp) if self.static_cache else self._stamp
+        hooks = [self.model.register_forward_pre_hook(stamp)]
+        hooks.append(self.model.register_forward_hook(stamp))
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def _forwards(self) -> tuple[int, float, float]:
+        """Target forwards, target seconds, draft seconds of the last hooked call."""
+        seconds: dict[bool, list[float]] = {False: [], True: []}
+        for (_, start), (drafting, end) in zip(self._stamps[::2], self._stamps[1::2], strict=True):
+            seconds[drafting].append(start.elapsed_time(end) / 1000 if self.cuda else end - start)
+        return len(seconds[False]), sum(seconds[False]), sum(seconds[True])
 
     def _generate(self, ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
         eos = list(config.eos_token_ids or self.context.eos_token_ids)
@@ -335,7 +335,7 @@ class HFRunner(_Peer):
             compile_config._compile_all_devices = True  # type: ignore[assignment]  # not GPUs only
             kwargs.update(
                 cache_implementation="static",
-                max_cache_len=self._cache_len,
+                max_cache_len=self.size,
                 compile_config=compile_config,
             )
         if config.temperature > 0:
@@ -354,48 +354,46 @@ class HFRunner(_Peer):
         with torch.inference_mode():
             return self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
 
+    def _compile(self, length: int, config: GenerationConfig) -> None:
+        """A short greedy answer to a ``length``-token prompt, hooked as when measured (one
+        graph serves both): builds the compiled step for the static cache's new size."""
+        warm = attrs.evolve(config, max_new_tokens=min(config.max_new_tokens, 4), temperature=0)
+        with self._hooked():
+            self._generate(
+                torch.zeros((1, length), dtype=torch.long, device=self.context.device), warm
+            )
+
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+        if self.static_cache:
+            needed = len(prompt_ids) + config.max_new_tokens + 1
+            self._fit(needed, 512, lambda: self._compile(len(prompt_ids), config))
         device = self.context.device
-        needed = len(prompt_ids) + config.max_new_tokens + 1
-        if self.static_cache and needed > self._cache_len:  # a new size: compile it, untimed
-            self._cache_len = -(-needed // 512) * 512  # few sizes, few recompiles
-            warm = attrs.evolve(config, max_new_tokens=min(config.max_new_tokens, 4), temperature=0)
-            start = time.perf_counter()
-            with self.clock.attached(compiled=True):  # as when measured: one graph serves both
-                self._generate(
-                    torch.zeros((1, len(prompt_ids)), dtype=torch.long, device=device), warm
-                )
-            self.setup_s += time.perf_counter() - start
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-        with self.clock.attached(compiled=self.static_cache):
+        with self._hooked():
             out, seconds, peak = measure_call(device, lambda: self._generate(ids, config))
-        calls, target_s, forward_draft_s = self.clock.totals()
-        return self._result(
-            out[0, ids.shape[1] :].tolist(),
-            config,
-            seconds=seconds,
-            steps=max(calls, 1),
-            tree_nodes=0 if self.drafts == "none" else None,
-            target_s=target_s,
-            draft_s={"none": 0.0, "forwards": forward_draft_s}.get(self.drafts),
-            peak_memory=peak,
-        )
+        tokens = out[0, ids.shape[1] :].tolist()
+        return self._result(tokens, config, seconds, peak, *self._forwards())
 
 
 def llama_cpp_available() -> str | None:
     """``None`` when ``llama_cpp`` can be imported here, else why not and how to install it."""
     if importlib.util.find_spec("llama_cpp") is None:
-        return f"llama-cpp-python is not installed; {LLAMA_CPP_HINT}."
+        return (
+            "llama-cpp-python is not installed; install it with `pip install "
+            "'verispec[llamacpp]'` (= `pip install llama-cpp-python`: builds llama.cpp from "
+            "source with a C++ compiler and cmake, ~25 min on 2 cores) or run "
+            "`VERISPEC_LLAMACPP=1 bash scripts/bench.sh`."
+        )
     return None
 
 
 class LlamaCppRunner(_Peer):
-    """``llama_cpp.Llama.generate`` on the context's GGUF file; ``prompt_lookup``:
-    ``(max_ngram_size, num_pred_tokens)`` of its ``LlamaPromptLookupDecoding``, or ``None``
-    for plain decoding. ``llama_class``, ``lookup_class``: stand-ins for tests. The
-    ``Llama`` object is built on first use with a context of a multiple of 1024 tokens
-    holding the prompt, the answer and a round of drafts, and again, untimed
-    (``setup_s``), when a longer prompt needs more."""
+    """``llama_cpp.Llama.generate`` on the context's GGUF file, from an empty cache each
+    call; each ``Llama.eval`` is a forward. ``prompt_lookup``: ``(max_ngram_size,
+    num_pred_tokens)`` of its ``LlamaPromptLookupDecoding``, or ``None`` for plain
+    decoding. ``llama_class``, ``lookup_class``: stand-ins for tests. The ``Llama`` object
+    is built on first use with a context of a multiple of 1024 tokens holding the prompt,
+    the answer and a round of drafts, and again when a longer prompt needs more."""
 
     def __init__(
         self,
@@ -411,8 +409,7 @@ class LlamaCppRunner(_Peer):
                 "embedded GGUF) or --model FILE.gguf."
             )
         if llama_class is None or (prompt_lookup is not None and lookup_class is None):
-            reason = llama_cpp_available()
-            if reason is not None:
+            if (reason := llama_cpp_available()) is not None:
                 raise ConfigError(reason)
             import llama_cpp
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -421,31 +418,25 @@ class LlamaCppRunner(_Peer):
             lookup_class = lookup_class or LlamaPromptLookupDecoding
         self.context, self.prompt_lookup = context, prompt_lookup
         self._llama_class, self._lookup_class = llama_class, lookup_class
+        self.drafts = "none" if prompt_lookup is None else "opaque"
         self.threads = torch.get_num_threads()
         self.llama: Any = None
-        self.n_ctx = self.forwards = 0  # forwards: eval calls of the current generation
+        self.forwards = 0  # eval calls of the current generation
 
-    def _ensure(self, needed: int) -> Any:
-        """The ``Llama`` object, with a context of at least ``needed`` tokens."""
-        if self.llama is not None and needed <= self.n_ctx:
-            return self.llama
-        start = time.perf_counter()
-        self.n_ctx = -(-needed // 1024) * 1024  # few sizes, few re-creations
+    def _build(self) -> None:
         options: dict[str, Any] = {
             "model_path": str(self.context.gguf),
-            "n_ctx": self.n_ctx,
+            "n_ctx": self.size,
             "n_threads": self.threads,
             "n_threads_batch": self.threads,
             "verbose": False,
         }
         if self.prompt_lookup is not None:
             ngram, tokens = self.prompt_lookup
-            options["draft_model"] = self._lookup_class(
-                max_ngram_size=ngram, num_pred_tokens=tokens
-            )
             # Drafting keeps every row's logits; llama-cpp-python 0.3 sizes that buffer from
-            # this argument (n_batch rows without it: prompts past 512 tokens overflow it).
-            options["logits_all"] = True
+            # logits_all (n_batch rows without it: prompts past 512 tokens overflow it).
+            lookup = self._lookup_class(max_ngram_size=ngram, num_pred_tokens=tokens)
+            options.update(draft_model=lookup, logits_all=True)
         self.llama = None  # free the old context first
         llama = self._llama_class(**options)
         plain_eval = llama.eval
@@ -455,11 +446,9 @@ class LlamaCppRunner(_Peer):
             return plain_eval(tokens)
 
         llama.eval, self.llama = counted_eval, llama
-        self.setup_s += time.perf_counter() - start
-        return llama
 
-    def _generate(self, llama: Any, prompt: list[int], config: GenerationConfig) -> list[int]:
-        eos = set(config.eos_token_ids or self.context.eos_token_ids)
+    def _generate(self, prompt: list[int], config: GenerationConfig) -> list[int]:
+        eos, llama = set(config.eos_token_ids or self.context.eos_token_ids), self.llama
         llama.reset()  # an empty cache: no prompt prefix reused from the last call
         sampling = {"temp": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
         if config.temperature > 0:  # top_k 0 disables it in llama.cpp, as in verispec
@@ -481,22 +470,12 @@ class LlamaCppRunner(_Peer):
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
         prompt = [int(t) for t in prompt_ids]
         draft_room = self.prompt_lookup[1] if self.prompt_lookup is not None else 0
-        llama = self._ensure(len(prompt) + config.max_new_tokens + draft_room + 1)
+        self._fit(len(prompt) + config.max_new_tokens + draft_room + 1, 1024, self._build)
         self.forwards = 0
         tokens, seconds, peak = measure_call(
-            torch.device("cpu"), lambda: self._generate(llama, prompt, config)
+            torch.device("cpu"), lambda: self._generate(prompt, config)
         )
-        plain = self.prompt_lookup is None
-        return self._result(
-            tokens,
-            config,
-            seconds=seconds,
-            steps=max(self.forwards, 1),
-            peak_memory=peak,
-            tree_nodes=0 if plain else None,
-            draft_s=0.0 if plain else None,
-            target_s=None,
-        )
+        return self._result(tokens, config, seconds, peak, self.forwards)
 
 
 @attrs.frozen
@@ -519,13 +498,13 @@ class BenchConfig:
     max_new_tokens: int = 128
     temperature: float = 0.0
     seed: int = 0
-    warmup: int = attrs.field(default=1, validator=lambda _, a, v: integer(a.name, v, 0))
-    chat: bool = attrs.field(default=True, validator=lambda _, a, v: boolean(a.name, v))
+    warmup: int = attrs.field(default=1, validator=attrs_check(integer, 0))
+    chat: bool = attrs.field(default=True, validator=attrs_check(boolean))
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
     verifier: Literal["default", "recursive"] = attrs.field(
-        default="default", validator=lambda _, a, v: _verifier(a.name, v)
+        default="default", validator=attrs_check(_verifier)
     )
     carry_corpus: bool = False
 
@@ -594,15 +573,8 @@ def make_context(
     sources = [getattr(tokenizer, "eos_token_id", None), getattr(target, "eos_token_id", None)]
     ids = [[s] if isinstance(s, int) else list(s) for s in sources if s is not None]
     eos = tuple(dict.fromkeys(int(token) for group in ids for token in group))
-    return BenchContext(
-        target,
-        tokenizer,
-        getattr(target, "hf_model", None),
-        eos,
-        _verifier("verifier", verifier),
-        draft_model,
-        gguf,
-    )
+    hf_model = getattr(target, "hf_model", None)
+    return BenchContext(target, tokenizer, hf_model, eos, verifier, draft_model, gguf)
 
 
 def build_runners(context: BenchContext, specs: Sequence[MethodSpec]) -> dict[str, MethodRunner]:
@@ -671,35 +643,21 @@ def run_bench(
                     messages.append({"role": "user", "content": user_text})
                     ids = build_prompt_ids(context.tokenizer, messages, chat=config.chat)
                     record = finished.get((str(question.question_id), turn, label))
-                    if record is not None:
-                        _replay(runner, ids, generation, record)
-                    else:
+                    if record is None:
                         result = runner.run(ids, generation)
                         record = TurnRecord(
                             question.question_id, question.category, turn, label, len(ids), result
                         )
                         if on_record is not None:
                             on_record(record)
+                    elif (  # replayed, unrecorded, by a method that learns across prompts
+                        getattr(runner, "learns_across_prompts", False)
+                        and runner.run(ids, generation).tokens != record.result.tokens
+                    ):
+                        warnings.warn(_REPLAY_DIFFERS.format(record), UserWarning, stacklevel=2)
                     records.append(record)
                     if config.carry_corpus:
                         runner.remember(record.result.tokens)
                     messages.append({"role": "assistant", "content": record.result.text})
                     bar.update(1)
     return BenchRun(config, tuple(specs), tuple(questions), tuple(records))
-
-
-def _replay(
-    runner: MethodRunner, ids: Sequence[int], generation: GenerationConfig, record: TurnRecord
-) -> None:
-    """Answer a finished prompt again, unrecorded, if the method learns across prompts."""
-    if getattr(runner, "learns_across_prompts", False):
-        again = runner.run(ids, generation)
-        if again.tokens != record.result.tokens:
-            warnings.warn(
-                f"`{record.method}` answered question {record.question_id} turn {record.turn} "
-                "differently when replayed for --resume than in the records (another machine, "
-                "thread count or version?); its learnt state may differ from the interrupted "
-                "run's.",
-                UserWarning,
-                stacklevel=3,
-            )
