@@ -73,6 +73,10 @@ class BenchContext:
     draft_model: Any = None
     gguf: str | None = None
 
+    def stop_ids(self, config: GenerationConfig) -> tuple[int, ...]:
+        """The ids an answer stops on: ``config``'s if it names any, else the context's."""
+        return tuple(config.eos_token_ids or self.eos_token_ids)
+
     @property
     def device(self) -> torch.device:
         device = getattr(self.target, "device", None) or getattr(self.hf_model, "device", None)
@@ -181,8 +185,7 @@ class EngineRunner:
             remember(list(tokens))
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
-        if config.eos_token_ids is None and self.context.eos_token_ids:
-            config = attrs.evolve(config, eos_token_ids=self.context.eos_token_ids)
+        config = attrs.evolve(config, eos_token_ids=self.context.stop_ids(config) or None)
         attention: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if type(self.context.target).__name__ == "HFModel" and self.context.hf_model is not None:
             from verispec.kernels.hf_attention import tree_attention_where_supported
@@ -243,7 +246,7 @@ class _Peer:
     ) -> TurnResult:
         """The answer ``tokens`` of a call measured by :func:`measure_call`, made in
         ``forwards`` target forwards (at least one: the prefill yields a token)."""
-        eos = set(config.eos_token_ids or self.context.eos_token_ids)
+        eos = set(self.context.stop_ids(config))
         return TurnResult(
             tokens,
             _decode(self.context.tokenizer, tokens),
@@ -321,7 +324,7 @@ class HFRunner(_Peer):
         return len(seconds[False]), sum(seconds[False]), sum(seconds[True])
 
     def _generate(self, ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
-        eos = list(config.eos_token_ids or self.context.eos_token_ids)
+        eos = list(self.context.stop_ids(config))
         kwargs: dict[str, Any] = {
             "max_new_tokens": config.max_new_tokens,
             "eos_token_id": eos or None,
@@ -448,7 +451,7 @@ class LlamaCppRunner(_Peer):
         llama.eval, self.llama = counted_eval, llama
 
     def _generate(self, prompt: list[int], config: GenerationConfig) -> list[int]:
-        eos, llama = set(config.eos_token_ids or self.context.eos_token_ids), self.llama
+        eos, llama = set(self.context.stop_ids(config)), self.llama
         llama.reset()  # an empty cache: no prompt prefix reused from the last call
         sampling = {"temp": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
         if config.temperature > 0:  # top_k 0 disables it in llama.cpp, as in verispec
