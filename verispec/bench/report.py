@@ -1,13 +1,9 @@
 """Figures from a benchmark run; the tables, Markdown and JSON that show them; merging.
 
-The figures, the JSON report and the rules for merging shards are defined in
-docs/benchmarks.rst ("What each figure means", "JSON report", "Sharding a run").
-:class:`Figures` store sums over answers and derive every ratio: a group's figures are the
-sum of its answers' (:meth:`Figures.of`), :func:`report_from_json` reads :func:`to_json`'s
-output back, and the reports of runs over disjoint answers merge by addition
-(:func:`merge_reports`). Reports written before the figures stored ``committed`` and
-``tree_nodes`` are read too: those sums are recovered as ``round(MAT x steps)`` and
-``round(nodes/step x steps)``.
+The figures, the JSON report and merging are defined in docs/benchmarks.rst ("What each
+figure means", "JSON report", "Sharding a run"). :class:`Figures` store sums over answers
+and derive every ratio, so a group's figures are the sum of its answers' and the reports of
+runs over disjoint answers merge by addition (:func:`merge_reports`).
 """
 
 from __future__ import annotations
@@ -388,7 +384,9 @@ class _Saved:
 
 
 def _group_from_json(data: Any, where: str) -> dict[str, Figures]:
-    """One group's figures, with their speedups; reports from before issue 14 included."""
+    """One group's figures, with their speedups. A report written before the figures stored
+    ``committed`` and ``tree_nodes`` has them recovered: ``round(MAT x steps)`` and
+    ``round(nodes/step x steps)``."""
     figures = {}
     for label, entry in json_object(data, where).items():
         entry = json_object(entry, f"{where}.{label}")
@@ -463,13 +461,9 @@ def _categories(report: BenchReport) -> list[str]:
 def merge_reports(
     reports: Sequence[BenchReport], names: Sequence[str] | None = None
 ) -> BenchReport:
-    """Merge reports of runs over disjoint answers (e.g. split with ``--categories``).
-
-    Per-method figures are the sums of the shards', with the speedups recomputed;
-    per-category figures are taken as they are. ``config`` sums ``questions`` and
-    ``answers_per_method`` and concatenates ``categories``; ``machine`` is the first
-    shard's (another machine, beyond dtype and device, is reported with a
-    :class:`UserWarning`); ``command`` lists every shard's command line, in order.
+    """Merge reports of runs over disjoint answers (e.g. split with ``--categories``), as
+    docs/benchmarks.rst, "Sharding a run", describes: per-method figures summed, ``machine``
+    the first shard's (another machine, beyond dtype and device, is a :class:`UserWarning`).
 
     Args:
         reports: the shards, in the order their categories should be listed.
