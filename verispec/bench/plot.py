@@ -1,18 +1,10 @@
-"""The benchmark's PNGs: speedup per category, and accepted tokens vs draft budget.
+"""The benchmark's PNGs, as docs/benchmarks.rst ("Plots") describes them.
 
-:func:`save_plot` (``--plot``). Left panel: grouped bars, one group per category
-(and "all"), one bar per method, height = tokens/s over the baseline's (``ar`` if
-it ran, else ``hf``). Right panel: one point per method, mean accepted tokens per
-step (MAT) against mean draft-tree nodes per step.
-
-:func:`save_mat_plot` (``--mat-plot``). The same MAT-vs-nodes view, "all" first and
-then one small panel per category, with the methods of one *family* joined by a
-line in order of tree size: a family is a method with every parameter fixed except
-its size parameters (:func:`method_family`), so ``tr:template=8/16/32`` is one
-curve and ``dtr:budget=8/16`` another. Each curve shows how much MAT each extra
-tree node buys. ``ar`` (no tree, MAT 1) is drawn as a single point, the origin of
-every curve; transformers' peers (``hf``, ``hf-pld``, ``hf-assist-ee``), whose
-drafting is not visible, are left out of both MAT views.
+:func:`save_plot` (``--plot``): speedup per category and method, beside the MAT view of all
+answers. :func:`save_mat_plot` (``--mat-plot``): the MAT view, "all" first, then one panel
+per category. The MAT view draws mean accepted tokens per step against draft nodes per step,
+one curve per method *family* (:func:`method_family`); ``ar`` is a star at (0, 1) and
+transformers' peers, whose drafting is not visible, are left out.
 """
 
 from __future__ import annotations
@@ -39,16 +31,15 @@ SIZE_PARAMS: dict[str, frozenset[str]] = {
 }
 
 
-def _size_params(name: str) -> frozenset[str]:
-    return SIZE_PARAMS["*"] | SIZE_PARAMS.get(name, frozenset())
+def _is_size(name: str, key: str) -> bool:
+    return key in SIZE_PARAMS["*"] or key in SIZE_PARAMS.get(name, ())
 
 
 def method_family(name: str, params: Mapping[str, Any]) -> str:
     """The family of a method: its name and every parameter but the size ones
     (:data:`SIZE_PARAMS`), sorted: ``method_family("dtr", {"budget": 8, "fusion": False,
     "k": 8})`` is ``"dtr:fusion=false:k=8"``."""
-    size = _size_params(name)
-    rest = sorted((key, show(value)) for key, value in params.items() if key not in size)
+    rest = sorted((key, show(value)) for key, value in params.items() if not _is_size(name, key))
     return name + "".join(f":{key}={value}" for key, value in rest)
 
 
@@ -56,21 +47,13 @@ def family_labels(families: list[str]) -> dict[str, str]:
     """Short legend labels: each family key without the parameters its siblings share
     (``dtr:fusion=true:k=8`` and ``dtr:fusion=false:k=8`` are ``dtr:fusion=true`` and
     ``dtr:fusion=false``)."""
-    by_name: dict[str, list[str]] = {}
-    for family in families:
-        by_name.setdefault(family.split(":", 1)[0], []).append(family)
     labels = {}
-    for name, members in by_name.items():
-        items = [family.split(":")[1:] for family in members]
-        shared = set(items[0]).intersection(*items[1:]) if len(members) > 1 else set(items[0])
-        for family, own in zip(members, items, strict=True):
-            labels[family] = ":".join([name, *(item for item in own if item not in shared)])
+    for family in families:
+        name, *own = family.split(":")
+        siblings = [other.split(":")[1:] for other in families if other.split(":")[0] == name]
+        shared = set(siblings[0]).intersection(*siblings[1:])
+        labels[family] = ":".join([name, *(item for item in own if item not in shared)])
     return labels
-
-
-def _size_text(name: str, params: Mapping[str, Any]) -> str:
-    size = _size_params(name)
-    return "x".join(show(v) for k, v in params.items() if k in size and v is not None)
 
 
 def _pyplot() -> Any:
@@ -80,54 +63,6 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def save_plot(report: BenchReport, path: str | Path) -> None:
-    """Draw the report and save it as PNG to ``path`` (written as given, not atomically)."""
-    plt = _pyplot()
-    labels = list(report.methods)
-    baseline = "ar" if "ar" in labels else ("hf" if "hf" in labels else None)
-    groups = {"all": report.methods, **report.per_category}
-    fig, (bars_ax, mat_ax) = plt.subplots(1, 2, figsize=(13, 4.8), width_ratios=(2.2, 1))
-    width = 0.8 / max(len(labels), 1)
-    palette = [plt.get_cmap("tab20")(i) for i in range(20)]
-    colors = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
-    for i, label in enumerate(labels):
-        heights = []
-        for figures in groups.values():
-            f = figures[label]
-            value = f.speedup_vs_ar if baseline == "ar" else f.speedup_vs_hf
-            heights.append(value if value is not None else f.tokens_per_s)
-        xs = [g + (i - (len(labels) - 1) / 2) * width for g in range(len(groups))]
-        bars_ax.bar(xs, heights, width=width, label=label, color=colors[label])
-    bars_ax.set_xticks(range(len(groups)), list(groups), rotation=30, ha="right")
-    if baseline is not None:
-        bars_ax.axhline(1.0, color="black", linewidth=0.8)
-        bars_ax.set_ylabel(f"speedup (tokens/s over {baseline})")
-    else:
-        bars_ax.set_ylabel("tokens/s")
-    bars_ax.set_title("Speedup per category")
-    bars_ax.legend(fontsize="small", ncol=2)
-
-    for label, f in report.methods.items():
-        if f.mean_tree_size is None:  # transformers' drafting peers: tree size not visible
-            continue
-        size = f.mean_tree_size
-        mat_ax.scatter([size], [f.mean_accepted], color=colors[label])
-        mat_ax.annotate(
-            label,
-            (size, f.mean_accepted),
-            fontsize="small",
-            xytext=(4, 4),
-            textcoords="offset points",
-        )
-    mat_ax.set_xlabel("draft nodes per step")
-    mat_ax.set_ylabel("mean accepted tokens per step (MAT)")
-    mat_ax.set_title("Accepted tokens vs tree size")
-    mat_ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=120)
-    plt.close(fig)
 
 
 def mat_curves(
@@ -147,64 +82,94 @@ def mat_curves(
     return {family: sorted(points) for family, points in curves.items()}
 
 
+class _Canvas:
+    """What both PNGs share: pyplot, the groups of answers ("all", then each category),
+    every method's spec, and one colour and marker per family, the same in every panel."""
+
+    def __init__(self, report: BenchReport) -> None:
+        self.plt, self.config = _pyplot(), report.config
+        self.groups = {"all": report.methods, **report.per_category}
+        self.specs = {label: report.specs.get(label, (label, {})) for label in report.methods}
+        palette, markers = [self.plt.get_cmap("tab10")(i) for i in range(10)], "osD^v<>pPX"
+        self.style = {
+            fam: ("black", "*") if fam == "ar" else (palette[i % 10], markers[i // 10 % 10])
+            for i, fam in enumerate(mat_curves(report.methods, self.specs))
+        }
+        self.handles: dict[str, Any] = {}  # the first line drawn of each family
+
+    def mat_panel(self, ax: Any, figures: Mapping[str, Figures], sizes: bool) -> None:
+        """One group's MAT curves on ``ax``; with ``sizes``, each point marked with its size."""
+        for fam, points in mat_curves(figures, self.specs).items():
+            color, marker = self.style.get(fam, ("grey", "o"))
+            xs, ys, _ = zip(*points, strict=True)
+            (line,) = ax.plot(
+                xs, ys, color=color, marker=marker, markersize=9 if marker == "*" else 4,
+                linewidth=1.2,
+            )  # fmt: skip
+            self.handles.setdefault(fam, line)
+            for x, y, label in points if sizes else []:
+                name, params = self.specs[label]
+                sized = [show(v) for k, v in params.items() if _is_size(name, k) and v is not None]
+                if sized:
+                    ax.annotate("x".join(sized), (x, y), fontsize=6, xytext=(3, -8),
+                                textcoords="offset points")  # fmt: skip
+        ax.grid(alpha=0.3)
+
+    def save(self, fig: Any, owner: Any, path: str | Path, rect: Any = None, **legend: Any) -> None:
+        """Add the families' legend to ``owner`` (the figure or an axis), lay ``fig`` out
+        within ``rect``, save it as PNG to ``path`` (as given, not atomically) and close it."""
+        names = family_labels(list(self.handles))
+        labels = [names[fam] for fam in self.handles]
+        owner.legend(list(self.handles.values()), labels, fontsize="small", **legend)
+        fig.tight_layout(rect=rect)
+        fig.savefig(path, format="png", dpi=120)
+        self.plt.close(fig)
+
+
+def save_plot(report: BenchReport, path: str | Path) -> None:
+    """Draw the speedups and the MAT view of all answers, as PNG to ``path``."""
+    canvas, labels = _Canvas(report), list(report.methods)
+    baseline = next((peer for peer in ("ar", "hf") if peer in labels), None)
+    fig, (bars, mat) = canvas.plt.subplots(1, 2, figsize=(13, 4.8), width_ratios=(2.2, 1))
+    width = 0.8 / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        group = [figures[label] for figures in canvas.groups.values()]
+        speedups = [getattr(f, f"speedup_vs_{baseline}") if baseline else None for f in group]
+        heights = [
+            s if s is not None else f.tokens_per_s for s, f in zip(speedups, group, strict=True)
+        ]
+        xs = [g + (i - (len(labels) - 1) / 2) * width for g in range(len(group))]
+        bars.bar(xs, heights, width=width, label=label, color=canvas.plt.get_cmap("tab20")(i % 20))
+    bars.set_xticks(range(len(canvas.groups)), list(canvas.groups), rotation=30, ha="right")
+    if baseline is not None:
+        bars.axhline(1.0, color="black", linewidth=0.8)
+    speedup = f"speedup (tokens/s over {baseline})"
+    bars.set(ylabel=speedup if baseline else "tokens/s", title="Speedup per category")
+    bars.legend(fontsize="small", ncol=2)
+    canvas.mat_panel(mat, report.methods, sizes=True)
+    mat.set(xlabel="draft nodes per step", ylabel="mean accepted tokens per step (MAT)")
+    mat.set_title("Accepted tokens vs tree size")
+    canvas.save(fig, mat, path)
+
+
 def save_mat_plot(report: BenchReport, path: str | Path) -> None:
-    """Draw MAT against draft nodes per step, one curve per method family, as PNG: a
-    panel for all answers, then one per category (written as given, not atomically)."""
-    plt = _pyplot()
-    specs = {label: report.specs.get(label, (label, {})) for label in report.methods}
-    order = list(mat_curves(report.methods, specs))
-    names = family_labels(order)
-    palette = [plt.get_cmap("tab10")(i) for i in range(10)]
-    markers = "osD^v<>pPX"
-    style = {
-        fam: (
-            "black" if fam == "ar" else palette[i % len(palette)],
-            "*" if fam == "ar" else markers[(i // len(palette)) % len(markers)],
-        )
-        for i, fam in enumerate(order)
-    }
-    groups = {"all": report.methods, **report.per_category}
+    """Draw MAT against draft nodes per step, one curve per method family, as PNG to
+    ``path``: a panel for all answers, then one per category."""
+    canvas = _Canvas(report)
+    groups = canvas.groups
     columns = min(4, len(groups))
     rows = math.ceil(len(groups) / columns)
-    legend_rows = math.ceil(max(len(order), 1) / 6)
-    legend_height = 0.2 + 0.25 * legend_rows  # inches
-    fig, axes = plt.subplots(
-        rows,
-        columns,
-        figsize=(3.3 * columns, 2.7 * rows + 0.5 + legend_height),
-        squeeze=False,
-        sharex=True,
-    )
-    handles: dict[str, Any] = {}
+    legend_height = 0.2 + 0.25 * math.ceil(max(len(canvas.style), 1) / 6)  # inches
+    fig, axes = canvas.plt.subplots(
+        rows, columns, figsize=(3.3 * columns, 2.7 * rows + 0.5 + legend_height),
+        squeeze=False, sharex=True,
+    )  # fmt: skip
     for ax, (group, figures) in zip(axes.flat, groups.items(), strict=False):
-        curves = mat_curves(figures, specs)
-        for fam in order:
-            points = curves.get(fam)
-            if not points:
-                continue
-            color, marker = style[fam]
-            (line,) = ax.plot(
-                [p[0] for p in points],
-                [p[1] for p in points],
-                color=color,
-                marker=marker,
-                markersize=9 if marker == "*" else 4,
-                linewidth=1.2,
-            )
-            handles.setdefault(fam, line)
-            if group == "all":
-                for x, y, label in points:
-                    text = _size_text(*specs[label])
-                    if text:
-                        ax.annotate(
-                            text, (x, y), fontsize=6, xytext=(3, -8), textcoords="offset points"
-                        )
+        canvas.mat_panel(ax, figures, sizes=group == "all")
         answers = next(iter(figures.values())).outputs if figures else 0
-        plural = "" if answers == 1 else "s"
-        ax.set_title(f"{group} ({answers} answer{plural})", fontsize="small")
+        ax.set_title(f"{group} ({answers} answer{'' if answers == 1 else 's'})", fontsize="small")
         ax.tick_params(labelsize="x-small")
         ax.margins(x=0.08, y=0.08)
-        ax.grid(alpha=0.3)
     for ax in axes.flat[len(groups) :]:
         ax.set_visible(False)
     for ax in axes[:, 0]:
@@ -213,21 +178,11 @@ def save_mat_plot(report: BenchReport, path: str | Path) -> None:
         ax = axes[(len(groups) - 1 - column) // columns, column]
         ax.xaxis.set_tick_params(labelbottom=True)
         ax.set_xlabel("draft nodes per step", fontsize="small")
-    config = report.config
     fig.suptitle(
-        "Mean accepted tokens per step (MAT) vs draft nodes per step; "
-        f"temperature {config.get('temperature')}, max {config.get('max_new_tokens')} "
-        "new tokens",
+        "Mean accepted tokens per step (MAT) vs draft nodes per step; temperature "
+        f"{canvas.config.get('temperature')}, max {canvas.config.get('max_new_tokens')} new tokens",
         fontsize="medium",
     )
-    fig.legend(
-        list(handles.values()),
-        [names[fam] for fam in handles],
-        loc="lower center",
-        ncol=min(len(handles), 6) or 1,
-        fontsize="small",
-        frameon=False,
-    )
-    fig.tight_layout(rect=(0, legend_height / fig.get_figheight(), 1, 0.95))
-    fig.savefig(path, format="png", dpi=120)
-    plt.close(fig)
+    rect = (0, legend_height / fig.get_figheight(), 1, 0.95)
+    ncol = min(len(canvas.handles), 6) or 1
+    canvas.save(fig, fig, path, rect, loc="lower center", ncol=ncol, frameon=False)

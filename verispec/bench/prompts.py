@@ -1,19 +1,16 @@
 """Benchmark prompts in Spec-Bench's format, and how they become model inputs.
 
-A question file is JSON lines, one question per line (Spec-Bench's
-``data/spec_bench/question.jsonl`` layout)::
-
-    {"question_id": 81, "category": "writing", "turns": ["first user turn", "second"]}
-
-Multi-turn questions are run as conversations: the second user turn is asked
-after the model's own answer to the first. verispec ships 30 original prompts
-(``verispec/data/prompts.jsonl``) across chat, coding, translation,
-summarisation, QA, maths and retrieval-style long context.
+A question file holds one JSON object per line, ``{"question_id": 81, "category":
+"writing", "turns": ["first user turn", "second"]}`` (docs/benchmarks.rst, ``--questions``).
+Multi-turn questions are run as conversations: the second user turn is asked after the
+model's own answer to the first. verispec ships 30 original prompts
+(``verispec/data/prompts.jsonl``).
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +40,13 @@ class Question:
     turns: tuple[str, ...] = attrs.field(converter=lambda turns: tuple(turns))
 
 
+_KEYS = ("question_id", "category", "turns")
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
 def _parse_line(line: str, where: str) -> Question:
     try:
         record = json.loads(line)
@@ -50,26 +54,22 @@ def _parse_line(line: str, where: str) -> Question:
         raise ConfigError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}).") from None
     if not isinstance(record, dict):
         raise ConfigError(f"{where}: each line must be a JSON object; got {type(record).__name__}.")
-    missing = [key for key in ("question_id", "category", "turns") if key not in record]
+    missing = [key for key in _KEYS if key not in record]
     if missing:
         raise ConfigError(
             f"{where}: missing field(s) {', '.join(f'`{k}`' for k in missing)}; a question "
             'looks like {"question_id": 1, "category": "qa", "turns": ["..."]}.'
         )
-    qid, category, turns = record["question_id"], record["category"], record["turns"]
+    qid, category, turns = (record[key] for key in _KEYS)
     if isinstance(qid, bool) or not isinstance(qid, int | str):
         raise ConfigError(f"{where}: `question_id` must be an integer or a string; got {qid!r}.")
-    if not isinstance(category, str) or not category.strip():
+    if not _text(category):
         raise ConfigError(f"{where}: `category` must be a non-empty string; got {category!r}.")
-    if (
-        not isinstance(turns, list)
-        or not turns
-        or not all(isinstance(t, str) and t.strip() for t in turns)
-    ):
+    if not (isinstance(turns, list) and turns and all(map(_text, turns))):
         raise ConfigError(
             f"{where}: `turns` must be a non-empty list of non-empty strings; got {turns!r:.80}."
         )
-    return Question(question_id=qid, category=category, turns=tuple(turns))
+    return Question(qid, category, turns)
 
 
 def parse_questions(lines: Iterable[str], source: str = "<questions>") -> list[Question]:
@@ -113,8 +113,7 @@ def load_questions(path: str | Path) -> list[Question]:
 
 def shipped_questions() -> list[Question]:
     """The 30 prompts verispec ships (``verispec/data/prompts.jsonl``)."""
-    text = SHIPPED_PROMPTS.read_text(encoding="utf-8")
-    return parse_questions(text.splitlines(), source="verispec/data/prompts.jsonl")
+    return load_questions(SHIPPED_PROMPTS)
 
 
 def select_questions(
@@ -135,12 +134,10 @@ def select_questions(
         ConfigError: ``limit < 1`` or ``max_turns < 1``, or a requested category does
             not occur.
     """
-    for name, value, what in (
-        ("limit", limit, "questions per category"),
-        ("max_turns", max_turns, "turns per question"),
-    ):
-        if value is not None:
-            integer(name, value, 1, note=f" ({what})")
+    if limit is not None:
+        integer("limit", limit, 1, note=" (questions per category)")
+    if max_turns is not None:
+        integer("max_turns", max_turns, 1, note=" (turns per question)")
     present = list(dict.fromkeys(q.category for q in questions))
     if categories is not None:
         unknown = [c for c in categories if c not in present]
@@ -149,18 +146,13 @@ def select_questions(
                 f"category {unknown[0]!r} does not occur in the questions; "
                 f"available: {', '.join(present)}."
             )
-    taken: dict[str, int] = {}
-    selected: list[Question] = []
-    for question in questions:
-        if categories is not None and question.category not in categories:
-            continue
-        count = taken.get(question.category, 0)
-        if limit is not None and count >= limit:
-            continue
-        taken[question.category] = count + 1
-        if max_turns is not None and len(question.turns) > max_turns:
-            question = attrs.evolve(question, turns=question.turns[:max_turns])
-        selected.append(question)
+    taken: Counter[str] = Counter()
+    selected = []
+    for q in questions:
+        if categories is None or q.category in categories:
+            taken[q.category] += 1
+            if limit is None or taken[q.category] <= limit:
+                selected.append(attrs.evolve(q, turns=q.turns[:max_turns]))
     return selected
 
 
@@ -176,16 +168,10 @@ def build_prompt_ids(
     Args:
         messages: ``{"role": "user" | "assistant", "content": str}`` dicts, last one a user turn.
     """
-    if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True
-        )
-        if hasattr(ids, "keys") and "input_ids" in ids:  # a BatchEncoding
-            ids = ids["input_ids"]
-        if hasattr(ids, "tolist"):
-            ids = ids.tolist()
-        if ids and isinstance(ids[0], list):
-            ids = ids[0]
-        return [int(t) for t in ids]
-    text = "\n\n".join(m["content"] for m in messages)
-    return [int(t) for t in tokenizer.encode(text)]
+    if not (chat and getattr(tokenizer, "chat_template", None)):
+        return [int(t) for t in tokenizer.encode("\n\n".join(m["content"] for m in messages))]
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # a BatchEncoding
+        ids = ids["input_ids"]
+    ids = ids.tolist() if hasattr(ids, "tolist") else ids
+    return [int(t) for t in (ids[0] if ids and isinstance(ids[0], list) else ids)]

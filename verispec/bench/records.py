@@ -1,19 +1,12 @@
 """The benchmark's files: answers kept as they are produced, JSON read back, atomic writes.
 
-``verispec bench`` appends each measured answer to a JSON Lines *records file*
-(``--records PATH``; by default beside ``--json``: ``out.json`` → ``out.records.jsonl``)
-the moment it is finished, flushed and synced, so a run killed half-way loses at most the
-answer in progress. ``--resume`` reloads them and
-:func:`~verispec.bench.runner.run_bench` generates only the others; the report is the one
-an uninterrupted run would have written (with the timings measured when each answer was
-produced). The file's first line is a header: the run's settings, methods, setup (model,
-dtype, device) and a digest of the questions; a resumed run must match it exactly. A last
-line cut off by the kill is dropped; any other unreadable line is an error naming it.
-
-Answers and reports are read back by one function, :func:`from_json`, which checks each
-field of an ``attrs`` class against its annotated type. Every output is written to a
-temporary file beside its destination and renamed into place, so an interrupted run
-never leaves a half-written file.
+``verispec bench`` appends each measured answer to a JSON Lines *records file* the moment
+it is finished (flushed and synced); ``--resume`` reloads them (:class:`RecordLog`). The
+file's first line is a header (:func:`records_header`) that a resumed run must match; a
+last line cut off by a kill is dropped. docs/benchmarks.rst, "Interrupted runs", has the
+rules. Answers and reports are read back by one function, :func:`from_json`, which checks
+each field of an ``attrs`` class against its annotated type. Every output is written to a
+temporary file beside its destination and renamed into place (:func:`write_atomic`).
 """
 
 from __future__ import annotations
@@ -46,14 +39,11 @@ _FORMAT = "verispec-bench-records/1"
 T = TypeVar("T")
 
 
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
 def json_object(data: Any, where: str) -> dict[str, Any]:
     """``data`` if it is a JSON object, else :class:`ConfigError` naming ``where``."""
     if not isinstance(data, dict):
-        raise ConfigError(f"`{where}` must be a JSON object; got {_kind(data)}.")
+        kind = "null" if data is None else type(data).__name__
+        raise ConfigError(f"`{where}` must be a JSON object; got {kind}.")
     return data
 
 
@@ -125,19 +115,13 @@ def records_header(
     return dict(json.loads(json.dumps(header, default=str)))  # tuples become lists
 
 
-def _first_difference(mine: Any, theirs: Any, path: str = "") -> str:
-    """The first key (dotted path) where two JSON values differ."""
+def _first_difference(mine: Any, theirs: Any, path: str = "") -> tuple[str, Any, Any]:
+    """The first key (dotted path) where two JSON values differ, and the two values there."""
     if isinstance(mine, dict) and isinstance(theirs, dict):
         for key in sorted(set(mine) | set(theirs), key=str):
             if mine.get(key) != theirs.get(key):
                 return _first_difference(mine.get(key), theirs.get(key), f"{path}.{key}")
-    return path.lstrip(".") or "(the whole header)"
-
-
-def _lookup(data: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        data = data.get(part) if isinstance(data, dict) else None
-    return data
+    return path.lstrip(".") or "(the whole header)", mine, theirs
 
 
 class RecordLog:
@@ -193,10 +177,10 @@ class RecordLog:
                 "earlier run; pass --resume to continue it, or remove the file."
             )
         if header != self.header:
-            key = _first_difference(self.header, header)
+            key, now, there = _first_difference(self.header, header)
             raise ConfigError(
                 f"`--resume`: {self.path} was written by another benchmark (it differs in "
-                f"`{key}`: {_lookup(header, key)!r} there, {_lookup(self.header, key)!r} now); "
+                f"`{key}`: {there!r} there, {now!r} now); "
                 "run with the same settings, or use another --records file."
             )
         for number, data in enumerate(records, start=2):
@@ -205,16 +189,15 @@ class RecordLog:
             except ConfigError as exc:
                 raise ConfigError(f"{self.path}, line {number}: {exc}") from None
             self.finished[record_key(record)] = record
-        self._keep_bytes = sum(len(line) + 1 for line in raw.split(b"\n")[: len(parsed)])
+        self._keep_bytes = raw.rfind(b"\n") + 1  # every whole line
 
     def append(self, record: TurnRecord) -> None:
         """Write one finished answer (and the header first, on a new file); flush and sync."""
         if self._file is None:
-            if self._keep_bytes:
-                with open(self.path, "r+b") as existing:
-                    existing.truncate(self._keep_bytes)  # drop a line cut off by the kill
             self._file = open(self.path, "a" if self._keep_bytes else "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-            if not self._keep_bytes:
+            if self._keep_bytes:
+                self._file.truncate(self._keep_bytes)  # drop a line cut off by the kill
+            else:
                 self._file.write(json.dumps(self.header) + "\n")
         self._file.write(json.dumps(attrs.asdict(record), ensure_ascii=False) + "\n")
         self._file.flush()
@@ -237,15 +220,12 @@ def check_writable(path: str | Path, what: str) -> Path:
     remove) a temporary file beside it and open an existing one for appending, as the
     write will (permission bits alone say yes to root and on read-only mounts)."""
     path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise ConfigError(f"`{what}` must be a file path; {str(path)!r} is a directory.")
-    if not parent.is_dir():
-        raise ConfigError(f"`{what}`: the directory {str(parent)!r} does not exist.")
+    if not path.parent.is_dir():
+        raise ConfigError(f"`{what}`: the directory {str(path.parent)!r} does not exist.")
     try:
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
-        os.close(fd)
-        os.unlink(probe)
+        _beside(path, ".probe").unlink()
         if path.exists():
             with open(path, "a"):
                 pass
@@ -256,13 +236,17 @@ def check_writable(path: str | Path, what: str) -> Path:
     return path
 
 
-def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
+def _beside(path: Path, suffix: str) -> Path:
+    """A new empty hidden file in ``path``'s directory, named after it."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], object]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``."""
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    tmp = Path(name)
+    tmp = _beside(path, ".tmp")
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -271,10 +255,7 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
 
 
 def write_text(path: str | Path, text: str) -> None:
-    def write(tmp: Path) -> None:
-        tmp.write_text(text, encoding="utf-8")
-
-    write_atomic(path, write)
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def write_json(path: str | Path, data: Any) -> None:
@@ -291,17 +272,12 @@ def machine_info(
     import verispec
     from verispec.models.runtime import cpu_features
 
-    cpu = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").exists():
-        names = [
-            line
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ]
-        cpu = names[0].split(":", 1)[1].strip() if names else cpu
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
     info: dict[str, Any] = {
         "platform": platform.platform(),
-        "cpu": cpu,
+        "cpu": names[0] if names else platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),

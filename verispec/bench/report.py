@@ -1,23 +1,16 @@
 """Figures from a benchmark run; the tables, Markdown and JSON that show them; merging.
 
-The figures (tokens/s, MAT, nodes/step, vs hf / vs ar, identical, peak MiB and the
-draft/target/verify split) are defined in docs/benchmarks.rst, "What each figure means".
-:class:`Figures` store sums over answers and derive every ratio: a group's figures are the
-sum of its answers' (:meth:`Figures.of`), a report renders without its run
-(:func:`report_from_json` reads :func:`to_json`'s output back), and the reports of runs
-over disjoint answers (shards split with ``--categories``) merge by addition
-(:func:`merge_reports`). Reports written before the figures stored ``committed`` and
-``tree_nodes`` are read too: those sums are recovered as ``round(MAT x steps)`` and
-``round(nodes/step x steps)``.
+The figures, the JSON report and merging are defined in docs/benchmarks.rst ("What each
+figure means", "JSON report", "Sharding a run"). :class:`Figures` store sums over answers
+and derive every ratio, so a group's figures are the sum of its answers' and the reports of
+runs over disjoint answers merge by addition (:func:`merge_reports`).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import operator
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +27,14 @@ __all__ = [
 ]  # fmt: skip
 
 _PARTS = ("draft", "target", "verify")  # the measured parts of the time split
+_PEERS = ("hf", "ar")  # the baselines of the speedups and the possible references
 
 
-def _with_other(parts: dict[str, float], seconds: float) -> dict[str, float]:
-    """The time split: the measured parts, and the rest of the wall-clock time."""
-    return {**parts, "other": max(seconds - sum(parts.values()), 0.0)}
+def _split(parts: Mapping[str, float | None], seconds: float) -> dict[str, float]:
+    """The time split: the measured parts (in :data:`_PARTS` order), and ``other``, the rest
+    of the wall-clock time."""
+    known = {p: float(parts[p]) for p in _PARTS if parts.get(p) is not None}  # type: ignore[arg-type]
+    return {**known, "other": max(seconds - sum(known.values()), 0.0)}
 
 
 @attrs.frozen
@@ -98,36 +94,21 @@ class Figures:
                 return {k: mine.get(k, 0) + theirs.get(k, 0) for k in {**mine, **theirs}}
             return mine + theirs
 
-        sums = {
-            f.name: plus(getattr(self, f.name), getattr(other, f.name))
-            for f in attrs.fields(Figures)
-            if not f.name.startswith("speedup")
-        }
+        names = [f.name for f in attrs.fields(Figures) if not f.name.startswith("speedup")]
+        sums = {name: plus(getattr(self, name), getattr(other, name)) for name in names}
+        sums["peak_memory_mib"] = max(self.peak_memory_mib, other.peak_memory_mib)
         if sums["time_split"] is not None:
-            parts = {p: sums["time_split"][p] for p in _PARTS if p in sums["time_split"]}
-            sums["time_split"] = _with_other(parts, sums["seconds"])
-        return Figures(
-            **{**sums, "peak_memory_mib": max(self.peak_memory_mib, other.peak_memory_mib)}
-        )
+            sums["time_split"] = _split(sums["time_split"], sums["seconds"])
+        return Figures(**sums)
 
     @classmethod
     def of(cls, result: TurnResult, identical: bool | None) -> Figures:
         """The figures of one answer (``identical``: to the reference; ``None``: not compared)."""
-        parts = {p: getattr(result, f"{p}_s") for p in _PARTS}
-        known = {p: float(seconds) for p, seconds in parts.items() if seconds is not None}
-        split = None if result.target_s is None else _with_other(known, result.seconds)
-        return cls(
-            1,
-            len(result.tokens),
-            result.seconds,
-            result.steps,
-            result.committed,
-            result.tree_nodes,
-            result.peak_memory / float(1 << 20),
-            split,
-            None if identical is None else int(identical),
-            {result.finish_reason: 1},
-        )
+        r, parts = result, {p: getattr(result, f"{p}_s") for p in _PARTS}
+        sums = (1, len(r.tokens), r.seconds, r.steps, r.committed, r.tree_nodes)
+        split = None if r.target_s is None else _split(parts, r.seconds)
+        count = None if identical is None else int(identical)
+        return cls(*sums, r.peak_memory / float(1 << 20), split, count, {r.finish_reason: 1})
 
     def as_dict(self) -> dict[str, Any]:
         """The sums and the ratios derived from them (the JSON report's fields)."""
@@ -165,66 +146,56 @@ class BenchReport:
     command: str | list[str] | None = None
 
 
-def _with_speedups(raw: dict[str, Figures]) -> dict[str, Figures]:
+def _with_speedups(raw: Mapping[str, Figures]) -> dict[str, Figures]:
     """Figures of one group of answers, each with its speedups over ``hf`` and ``ar``."""
-    rates = {peer: raw[peer].tokens_per_s for peer in ("hf", "ar") if peer in raw}
+    rates = {peer: raw[peer].tokens_per_s if peer in raw else 0.0 for peer in _PEERS}
 
-    def speedups(figures: Figures) -> dict[str, Any]:
-        return {
-            f"speedup_vs_{peer}": figures.tokens_per_s / rates[peer] if rates.get(peer) else None
-            for peer in ("hf", "ar")
-        }
+    def speedups(f: Figures) -> dict[str, Any]:
+        return {f"speedup_vs_{p}": f.tokens_per_s / r if r else None for p, r in rates.items()}
 
-    return {label: attrs.evolve(figures, **speedups(figures)) for label, figures in raw.items()}
-
-
-def _key(record: TurnRecord) -> tuple[str, int]:
-    return (str(record.question_id), record.turn)
+    return {label: attrs.evolve(f, **speedups(f)) for label, f in raw.items()}
 
 
 def _total(figures: Sequence[Figures]) -> Figures:
-    return functools.reduce(operator.add, figures)
+    return sum(figures[1:], figures[0])
 
 
 def summarise(run: BenchRun) -> BenchReport:
     """Aggregate a run's answers per method and per category."""
     greedy = run.config.temperature == 0
-    reference_label = next(
-        (p for p in ("hf", "ar") if p in run.labels and (greedy or p == "ar")), None
-    )
+    reference_label = next((p for p in _PEERS if p in run.labels and (greedy or p == "ar")), None)
     # transformers' peers sample with torch's global generator: compared only when greedy
     compared = {s.label for s in run.methods if greedy or not s.name.startswith("hf")}
-    reference, mismatches = None, []
-    if reference_label is not None:
-        reference = {_key(r): r.result.tokens for r in run.records if r.method == reference_label}
-        for r in run.records:
-            want = reference.get(_key(r))
-            if r.method in compared and want is not None and want != r.result.tokens:
-                pairs = zip(want, r.result.tokens, strict=False)
-                first = next(
-                    (i for i, (a, b) in enumerate(pairs) if a != b),
-                    min(len(want), len(r.result.tokens)),
-                )
-                mismatches.append(
-                    {
-                        "method": r.method,
-                        "question_id": r.question_id,
-                        "turn": r.turn,
-                        "first_diff": first,
-                    }
-                )
+    reference = {
+        (str(r.question_id), r.turn): r.result.tokens
+        for r in run.records
+        if r.method == reference_label
+    }
+
+    def want(r: TurnRecord) -> Sequence[int] | None:
+        return reference.get((str(r.question_id), r.turn)) if r.method in compared else None
+
+    mismatches = []
+    for r in run.records:
+        expected, got = want(r), r.result.tokens
+        if expected is not None and expected != got:
+            pairs = enumerate(zip(expected, got, strict=False))
+            first = next((i for i, (a, b) in pairs if a != b), min(len(expected), len(got)))
+            where = {"method": r.method, "question_id": r.question_id, "turn": r.turn}
+            mismatches.append({**where, "first_diff": first})
 
     def figures(r: TurnRecord) -> Figures:
-        want = None if reference is None or r.method not in compared else reference.get(_key(r))
-        return Figures.of(r.result, None if want is None else want == r.result.tokens)
+        expected = want(r)
+        return Figures.of(r.result, None if expected is None else expected == r.result.tokens)
 
     def group(records: Sequence[TurnRecord]) -> dict[str, Figures]:
-        by_method = {
-            label: [figures(r) for r in records if r.method == label] for label in run.labels
-        }
-        return _with_speedups({label: _total(f) for label, f in by_method.items()})
+        return _with_speedups(
+            {
+                label: _total([figures(r) for r in records if r.method == label])
+                for label in run.labels
+            }
+        )
 
-    categories = dict.fromkeys(r.category for r in run.records)
     config = {
         **attrs.asdict(run.config),
         "methods": run.labels,
@@ -232,6 +203,7 @@ def summarise(run: BenchRun) -> BenchReport:
         "answers_per_method": sum(len(q.turns) for q in run.questions),
         "categories": list(dict.fromkeys(q.category for q in run.questions)),
     }
+    categories = dict.fromkeys(r.category for r in run.records)
     return BenchReport(
         methods=group(run.records),
         per_category={c: group([r for r in run.records if r.category == c]) for c in categories},
@@ -261,39 +233,30 @@ def _table(head: list[str], rows: list[list[str]], markdown: bool) -> str:
 
 
 def _cells(f: Figures) -> dict[str, str]:
-    """Every column a table may show, for one method's figures."""
+    """Every column a table may show, for one method's figures (``-``: not known)."""
 
-    def share(part: str) -> str:
-        split = f.time_split
-        if split is None or part not in split or f.seconds <= 0:
-            return "-"
-        return f"{100 * split[part] / f.seconds:.0f}%"
+    def show(value: float | None, form: str) -> str:
+        return "-" if value is None else form.format(value)
+
+    def share(part: str) -> float | None:
+        split = f.time_split or {}
+        return 100 * split[part] / f.seconds if part in split and f.seconds > 0 else None
 
     return {
         "answers": str(f.outputs),
         "tok/s": f"{f.tokens_per_s:.2f}",
         "MAT": f"{f.mean_accepted:.2f}",
-        "nodes/step": "-" if f.mean_tree_size is None else f"{f.mean_tree_size:.1f}",
-        "vs hf": "-" if f.speedup_vs_hf is None else f"{f.speedup_vs_hf:.2f}x",
-        "vs ar": "-" if f.speedup_vs_ar is None else f"{f.speedup_vs_ar:.2f}x",
-        "identical": "-" if f.identical_count is None else f"{f.identical_count}/{f.outputs}",
+        "nodes/step": show(f.mean_tree_size, "{:.1f}"),
+        "vs hf": show(f.speedup_vs_hf, "{:.2f}x"),
+        "vs ar": show(f.speedup_vs_ar, "{:.2f}x"),
+        "identical": show(f.identical_count, "{}/" + str(f.outputs)),
         "peak MiB": f"{f.peak_memory_mib:.0f}",
-        **{part: share(part) for part in _PARTS},
+        **{p: show(share(p), "{:.0f}%") for p in _PARTS},
     }
 
 
-_COLUMNS = [
-    "answers",
-    "tok/s",
-    "MAT",
-    "nodes/step",
-    "vs hf",
-    "vs ar",
-    "identical",
-    "peak MiB",
-    *_PARTS,
-]
 _CATEGORY_COLUMNS = ["answers", "tok/s", "MAT", "vs hf", "vs ar", "identical"]
+_COLUMNS = [*_CATEGORY_COLUMNS[:3], "nodes/step", *_CATEGORY_COLUMNS[3:], "peak MiB", *_PARTS]
 
 
 def render_table(report: BenchReport, *, markdown: bool = False) -> str:
@@ -401,14 +364,38 @@ def to_json(
     }
 
 
-def _figures_from_json(data: Any, where: str) -> Figures:
-    data = json_object(data, where)
-    if "committed" not in data and "mean_accepted" in data:  # a report from before issue 14
-        steps, size = data.get("steps"), data.get("mean_tree_size")
-        if isinstance(steps, int) and isinstance(data["mean_accepted"], int | float):
-            nodes = None if not isinstance(size, int | float) else round(size * steps)
-            data = {**data, "committed": round(data["mean_accepted"] * steps), "tree_nodes": nodes}
-    return from_json(Figures, data, where)
+@attrs.frozen
+class _Spec:
+    """What a JSON report keeps of a method beside its figures."""
+
+    method: str
+    params: dict[str, Any]
+
+
+@attrs.frozen
+class _Saved:
+    """What a JSON report keeps beside the figures."""
+
+    config: dict[str, Any]
+    reference: str | None = None
+    mismatches: list[Any] | None = None
+    machine: dict[str, Any] | None = None
+    command: str | list[str] | None = None
+
+
+def _group_from_json(data: Any, where: str) -> dict[str, Figures]:
+    """One group's figures, with their speedups. A report written before the figures stored
+    ``committed`` and ``tree_nodes`` has them recovered: ``round(MAT x steps)`` and
+    ``round(nodes/step x steps)``."""
+    figures = {}
+    for label, entry in json_object(data, where).items():
+        entry = json_object(entry, f"{where}.{label}")
+        steps, mat, size = (entry.get(k) for k in ("steps", "mean_accepted", "mean_tree_size"))
+        if "committed" not in entry and isinstance(steps, int) and isinstance(mat, int | float):
+            nodes = round(size * steps) if isinstance(size, int | float) else None
+            entry = {**entry, "committed": round(mat * steps), "tree_nodes": nodes}
+        figures[label] = from_json(Figures, entry, f"{where}.{label}")
+    return _with_speedups(figures)
 
 
 def report_from_json(data: Any) -> BenchReport:
@@ -418,40 +405,24 @@ def report_from_json(data: Any) -> BenchReport:
         ConfigError: a key is missing or holds the wrong type (the message names it).
     """
     data = json_object(data, "report")
-    methods, specs = {}, {}
-    for label, entry in json_object(data.get("methods"), "methods").items():
-        entry = json_object(entry, f"methods.{label}")
-        name, params = entry.get("method"), entry.get("params")
-        if not isinstance(name, str) or not isinstance(params, dict):
-            raise ConfigError(
-                f"`methods.{label}` must hold `method` (a string) and `params` (an object); "
-                f"got {type(name).__name__} and {type(params).__name__}."
-            )
-        methods[label], specs[label] = _figures_from_json(entry, f"methods.{label}"), (name, params)
+    methods = _group_from_json(data.get("methods"), "methods")
+    specs = {
+        label: from_json(_Spec, data["methods"][label], f"methods.{label}") for label in methods
+    }
     per_category = {
-        category: _with_speedups(
-            {
-                label: _figures_from_json(f, f"per_category.{category}.{label}")
-                for label, f in json_object(group, f"per_category.{category}").items()
-            }
-        )
+        category: _group_from_json(group, f"per_category.{category}")
         for category, group in json_object(data.get("per_category"), "per_category").items()
     }
-    mismatches = data.get("mismatches") or []
-    command = data.get("command")
-    if not isinstance(mismatches, list):
-        raise ConfigError(f"`mismatches` must be a list; got {type(mismatches).__name__}.")
-    if not (command is None or isinstance(command, str | list)):
-        raise ConfigError(f"`command` must be a string or a list; got {type(command).__name__}.")
+    saved = from_json(_Saved, data, "report")
     return BenchReport(
-        _with_speedups(methods),
+        methods,
         per_category,
-        data.get("reference"),
-        mismatches,
-        json_object(data.get("config"), "config"),
-        specs,
-        machine=json_object(data.get("machine") or {}, "machine"),
-        command=command,
+        saved.reference,
+        saved.mismatches or [],
+        saved.config,
+        {label: (spec.method, spec.params) for label, spec in specs.items()},
+        machine=saved.machine or {},
+        command=saved.command,
     )
 
 
@@ -478,19 +449,8 @@ def load_report(path: str | Path) -> BenchReport:
 
 # Settings every shard must share: the answers are only comparable under the same ones.
 _SHARED = {
-    "config": (
-        "max_new_tokens",
-        "temperature",
-        "seed",
-        "chat",
-        "warmup",
-        "top_k",
-        "top_p",
-        "min_p",
-        "verifier",
-        "carry_corpus",
-    ),
-    "machine": ("dtype", "device"),
+    "config": "max_new_tokens temperature seed chat warmup top_k top_p min_p verifier carry_corpus",
+    "machine": "dtype device",
 }
 
 
@@ -501,13 +461,9 @@ def _categories(report: BenchReport) -> list[str]:
 def merge_reports(
     reports: Sequence[BenchReport], names: Sequence[str] | None = None
 ) -> BenchReport:
-    """Merge reports of runs over disjoint answers (e.g. split with ``--categories``).
-
-    Per-method figures are the sums of the shards', with the speedups recomputed;
-    per-category figures are taken as they are. ``config`` sums ``questions`` and
-    ``answers_per_method`` and concatenates ``categories``; ``machine`` is the first
-    shard's (another machine, beyond dtype and device, is reported with a
-    :class:`UserWarning`); ``command`` lists every shard's command line, in order.
+    """Merge reports of runs over disjoint answers (e.g. split with ``--categories``), as
+    docs/benchmarks.rst, "Sharding a run", describes: per-method figures summed, ``machine``
+    the first shard's (another machine, beyond dtype and device, is a :class:`UserWarning`).
 
     Args:
         reports: the shards, in the order their categories should be listed.
@@ -530,7 +486,7 @@ def merge_reports(
             )
         for part, keys in _SHARED.items():
             mine, theirs = getattr(first, part) or {}, getattr(report, part) or {}
-            for key in keys:
+            for key in keys.split():
                 if mine.get(key) != theirs.get(key):
                     raise ConfigError(
                         f"`{key}` must be the same in every shard; got {mine.get(key)!r} in "
@@ -553,17 +509,15 @@ def merge_reports(
                 UserWarning,
                 stacklevel=2,
             )
-    labels = list(first.methods)
     config = {
         **first.config,
-        "methods": labels,
+        "methods": list(first.methods),
         "questions": sum(r.config.get("questions", 0) for r in reports),
         "answers_per_method": sum(r.config.get("answers_per_method", 0) for r in reports),
         "categories": [c for r in reports for c in _categories(r)],
     }
-    methods = {label: _total([r.methods[label] for r in reports]) for label in labels}
     return BenchReport(
-        methods=_with_speedups(methods),
+        methods=_with_speedups({m: _total([r.methods[m] for r in reports]) for m in first.methods}),
         per_category={c: group for r in reports for c, group in r.per_category.items()},
         reference=first.reference,
         mismatches=[m for r in reports for m in r.mismatches],
