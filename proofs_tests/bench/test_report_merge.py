@@ -281,9 +281,15 @@ def test_family_keys_and_legend_labels() -> None:
 
 
 def test_mat_curves_join_a_family_sorted_by_tree_size() -> None:
-    """Curves: one per family, sorted by nodes/step; transformers' peers are left out."""
+    """Curves: one per family, sorted by nodes/step; the peers (transformers, llama.cpp)
+    are left out."""
     report = summarise(_run())
     curves = mat_curves(report.methods, report.specs)
+    with_llama = mat_curves(
+        {**report.methods, "llama-cpp": report.methods["ar"]},
+        {**report.specs, "llama-cpp": ("llama-cpp", {})},
+    )
+    assert with_llama == curves
     assert list(curves) == ["ar", "tr:k=8:prune=true", method_family(*report.specs["pld"])]
     tr = curves["tr:k=8:prune=true"]
     assert [label for _, _, label in tr] == ["tr:template=8", "tr:template=16"]

@@ -4,7 +4,7 @@
 answers. :func:`save_mat_plot` (``--mat-plot``): the MAT view, "all" first, then one panel
 per category. The MAT view draws mean accepted tokens per step against draft nodes per step,
 one curve per method *family* (:func:`method_family`); ``ar`` is a star at (0, 1) and
-transformers' peers, whose drafting is not visible, are left out.
+the peers (transformers, llama.cpp) are left out.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec.bench.report import BenchReport, Figures
-from verispec.specs import show
+from verispec.specs import DRAFTERS, show
 
 __all__ = [
     "SIZE_PARAMS", "family_labels", "mat_curves", "method_family", "save_mat_plot", "save_plot"
@@ -71,11 +71,12 @@ def mat_curves(
     """The MAT plot's curves for one group of answers (``methods``: figures per label;
     ``specs``: name and parameters per label): per family, ``(nodes/step, MAT, label)``
     points sorted by tree size, families in the order their first method appears.
-    transformers' peers and methods with no tree size are left out; ``ar`` is (0, 1)."""
+    Only verispec's methods are drawn: the peers (transformers, llama.cpp) draft out of
+    sight, or not at all (plain ``llama-cpp`` would sit on ``ar``'s (0, 1))."""
     curves: dict[str, list[tuple[float, float, str]]] = {}
     for label, figures in methods.items():
         name, params = specs.get(label, (label, {}))
-        if figures.mean_tree_size is None or name.startswith("hf"):  # tree size not visible
+        if figures.mean_tree_size is None or name not in DRAFTERS:
             continue
         point = (figures.mean_tree_size, figures.mean_accepted, label)
         curves.setdefault(method_family(name, params), []).append(point)
