@@ -261,7 +261,8 @@ def test_batches_and_padding_raise_a_clear_error(hf_model: Any) -> None:
 
 
 def test_bad_arguments_to_speculative_fail_at_once() -> None:
-    """A bad spec, runtime or kernels choice raises when ``speculative`` is called."""
+    """A bad spec, runtime, kernels or learn_across_calls choice raises when ``speculative``
+    is called."""
     with pytest.raises(ConfigError, match="unknown method `nope`"):
         verispec.speculative("nope")
     with pytest.raises(ConfigError, match="`runtime` must be one of"):
@@ -270,6 +271,8 @@ def test_bad_arguments_to_speculative_fail_at_once() -> None:
         verispec.speculative("tr", kernels="cuda")
     with pytest.raises(ConfigError, match="`spec_or_drafter` must be"):
         verispec.speculative(42)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="`learn_across_calls` must be True or False; got 1"):
+        verispec.speculative("tr", learn_across_calls=1)  # type: ignore[arg-type]
 
 
 def test_a_drafter_object_and_a_separate_draft_model(hf_model: Any) -> None:

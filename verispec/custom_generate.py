@@ -44,7 +44,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationM
 
 from verispec.core.engine import GenerationResult
 from verispec.core.types import Drafter, GenerationConfig, LanguageModel
-from verispec.core.validate import integer
+from verispec.core.validate import boolean, integer
 from verispec.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
 
@@ -168,10 +168,7 @@ def speculative(
         raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
     if kernels not in ("auto", "triton", "torch"):
         raise ConfigError(f"`kernels` must be one of auto, triton, torch; got {kernels!r}.")
-    if not isinstance(learn_across_calls, bool):
-        raise ConfigError(
-            f"`learn_across_calls` must be True or False; got {learn_across_calls!r}."
-        )
+    boolean("learn_across_calls", learn_across_calls)
     return SpeculativeGenerate(
         spec_or_drafter,
         tokenizer=tokenizer,

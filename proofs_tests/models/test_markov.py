@@ -80,6 +80,8 @@ def test_extend_from_must_grow_the_tree_scored_this_step(model: MarkovModel) -> 
     other = DraftTree.from_parents([1, 0, 1], [-1, -1, 0])
     with pytest.raises(TreeStructureError):
         model.forward_tree(other, extend_from=2)
+    with pytest.raises(ConfigError, match=r"`extend_from` must be an integer in \[0, 5\]"):
+        model.forward_tree(_tree(), extend_from=6)
 
 
 def test_commit_caches_the_path_and_makes_the_extra_token_pending(model: MarkovModel) -> None:

@@ -179,9 +179,7 @@ class MarkovModel:
                 f"{self.num_committed} committed tokens plus a tree of {n} nodes exceed "
                 f"`max_length` = {self.max_length}."
             )
-        k = extend_from
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0 or k > n:
-            raise ConfigError(f"`extend_from` must be an integer in [0, N = {n}]; got {k!r}.")
+        k = integer("extend_from", extend_from, 0, high=n, note=" (N, the tree's nodes)")
         if k > 0:
             previous = self._tree
             if previous is None or previous.num_nodes < k:
