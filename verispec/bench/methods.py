@@ -54,7 +54,10 @@ def _in_engine(entry: MethodEntry) -> BenchMethod:
     return BenchMethod(**attrs.asdict(entry, recurse=False), build=build)
 
 
-def _peer(name: str, summary: str, params: tuple[Param, ...], build: Any, **more: Any) -> Any:
+def _peer(
+    name: str, summary: str, params: tuple[Param, ...], build: Any, **more: Any
+) -> BenchMethod:
+    """A peer: a method with its own runner (``build``), no verispec drafter."""
     return BenchMethod(name=name, summary=summary, params=params, build=build, **more)
 
 
