@@ -1,0 +1,312 @@
+"""Weight products that read GGUF's low-bit blocks straight from memory, on the CPU.
+
+A CPU's decoding step streams every weight once, so its time is bytes over bandwidth:
+SmolLM2-135M's float32 matrices are 540 MB a token. The embedded model comes from a GGUF
+file whose projections are Q4_1 blocks and whose (tied) embedding is Q8_0: the float32
+weights transformers loads are those blocks *dequantized*, every value ``q * d + m`` for a
+4-bit ``q`` and a per-32-weights scale and minimum. :func:`recover_blocks` finds those
+blocks back from the float32 matrix and checks, value by value, that widening them gives
+the matrix's bits again; :class:`BlockLinear` then multiplies with the blocks (0.75 byte a
+weight for Q4_1, 1.125 for Q8_0: 96 MB a token instead of 540). The model is the same:
+the weights are equal, bit for bit, and nothing is quantized.
+
+The product itself is a small C kernel (``_cpu_linear.c``; AVX2 and FMA, OpenMP), built at
+first use with the system's C compiler into ``$VERISPEC_CACHE/kernels`` and called through
+``ctypes``. Each output is one chain of fused multiply-adds over the inner dimension in
+a fixed order, so a row's result does not depend on how many rows are computed with it,
+nor on the thread count: the row invariance the runtime's tree decoding relies on
+(docs/runtime.rst) holds by construction, for any row count from one. The float32 format
+runs the same chains on plain float32 weights: the reference the tests compare to, bit
+for bit.
+
+Where the kernel cannot be built (no C compiler, no AVX2/FMA, not x86-64), or a matrix is
+not exactly a block format, :class:`~verispec.models.runtime.FastModel` keeps its oneDNN
+path and says why in its ``runtime`` description.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+__all__ = [
+    "FORMATS",
+    "Format",
+    "BlockLinear",
+    "kernel_status",
+    "quantize_blocks",
+    "recover_blocks",
+]
+
+Format = Literal["float32", "q4_1", "q8_0"]
+FORMATS: dict[str, int] = {"float32": 0, "q4_1": 1, "q8_0": 2}
+"""The weight formats the kernel reads, by name, with the C code's number for each."""
+_BLOCK = 32  # weights per block, both formats
+_BLOCK_BYTES = {"q4_1": 24, "q8_0": 36}  # float d, float m, 16 nibble bytes / float d, 32 int8
+_SOURCE = Path(__file__).with_name("_cpu_linear.c")
+_STATE: dict[str, object] = {}
+
+
+def _cache_root() -> Path:
+    env = os.environ.get("VERISPEC_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "verispec"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _build() -> ctypes.CDLL:
+    """Compile ``_cpu_linear.c`` for this CPU (once per source, CPU and compiler) and load it."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise RuntimeError(f"the kernel is written for x86-64; this is {platform.machine()}")
+    missing = {"avx2", "fma"} - _cpu_flags()
+    if missing:
+        raise RuntimeError(f"this CPU lacks {', '.join(sorted(missing))}")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) on the PATH")
+    source = _SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    flags = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
+    key = hashlib.sha256(
+        source + version.encode() + " ".join(flags).encode() + str(sorted(_cpu_flags())).encode()
+    ).hexdigest()[:16]
+    target = _cache_root() / "kernels" / f"cpu_linear-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            done = subprocess.run(
+                [compiler, *flags, str(_SOURCE), "-o", str(built)], capture_output=True, text=True
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
+            os.replace(built, target)  # atomic: a half-written library is never loaded
+    lib = ctypes.CDLL(str(target))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.vs_linear.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
+    lib.vs_linear.restype = ctypes.c_int
+    lib.vs_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
+    lib.vs_dequantize.restype = ctypes.c_int
+    lib.vs_block_bytes.argtypes = [ctypes.c_int]
+    for name, size in _BLOCK_BYTES.items():
+        if lib.vs_block_bytes(FORMATS[name]) != size:  # the C struct layout is what we write
+            raise RuntimeError(f"the built kernel's {name} block is not {size} bytes")
+    return lib
+
+
+def _library() -> ctypes.CDLL | None:
+    if "lib" not in _STATE:
+        try:
+            _STATE["lib"] = _build()
+            _STATE["why"] = ""
+        except (RuntimeError, OSError) as error:
+            _STATE["lib"], _STATE["why"] = None, str(error)
+    return _STATE["lib"]  # type: ignore[return-value]
+
+
+def kernel_status() -> tuple[bool, str]:
+    """Whether the block kernel runs on this machine, and if not, why (built on first call)."""
+    return _library() is not None, str(_STATE.get("why", ""))
+
+
+# -- recovering the blocks -------------------------------------------------------------
+
+
+def _nudged(value: torch.Tensor, steps: int) -> torch.Tensor:
+    """``value`` moved ``steps`` float32 ulps (towards +inf for positive steps)."""
+    direction = torch.full_like(value, float("inf") if steps > 0 else float("-inf"))
+    for _ in range(abs(steps)):
+        value = torch.nextafter(value, direction)
+    return value
+
+
+def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
+    """The blocks of ``fmt`` whose widening is ``weight`` bit for bit, packed; else ``None``.
+
+    Args:
+        weight: float32, Shape: (N, K), K a multiple of 32.
+        fmt: ``"q4_1"`` (``w = q * d + m``, ``q`` in 0..15) or ``"q8_0"`` (``w = q * d``,
+            ``q`` in -127..127), per 32 consecutive weights of a row.
+
+    Returns:
+        uint8, Shape: (N, K / 32 * block bytes): the packed blocks as ``_cpu_linear.c``
+        reads them, or ``None`` if some block has no such form (a matrix that was not
+        dequantized from that format).
+
+    The scale of each block is found from its extremes, to a few float32 ulps (the exact
+    one was rounded through float16 and, for the query rows, scaled by a power of two),
+    and every candidate is checked on every weight of the block.
+    """
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % _BLOCK:
+        return None
+    rows, cols = weight.shape
+    blocks = weight.detach().reshape(rows, cols // _BLOCK, _BLOCK)
+    if not torch.isfinite(blocks).all():
+        return None
+    if fmt == "q4_1":
+        low, levels = blocks.amin(-1, keepdim=True), 15
+        top = blocks.amax(-1, keepdim=True)
+    else:
+        low, levels = torch.zeros_like(blocks[..., :1]), 127
+        top = blocks.abs().amax(-1, keepdim=True)
+    estimate = (top - low) / levels
+    scale = torch.zeros_like(estimate)
+    codes = torch.zeros_like(blocks)
+    found = estimate == 0  # constant blocks: q = 0 (q4_1: w = m; q8_0: w = 0)
+    found &= (blocks == low).all(-1, keepdim=True)
+    for steps in (0, 1, -1, 2, -2, 3, -3, 4, -4):
+        candidate = _nudged(estimate, steps)
+        safe = torch.where(candidate == 0, torch.ones_like(candidate), candidate)
+        q = torch.round((blocks - low) / safe)
+        q = q.clamp(0, levels) if fmt == "q4_1" else q.clamp(-levels, levels)
+        widened = q * candidate + low if fmt == "q4_1" else q * candidate
+        exact = (widened == blocks).all(-1, keepdim=True) & ~found
+        scale = torch.where(exact, candidate, scale)
+        codes = torch.where(exact, q, codes)
+        found |= exact
+        if bool(found.all()):
+            break
+    if not bool(found.all()):
+        return None
+    as_bytes = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731  (float32 -> 4 bytes)
+    if fmt == "q4_1":
+        nibbles = codes.to(torch.uint8)
+        packed = nibbles[..., :16] | (nibbles[..., 16:] << 4)
+        parts = [as_bytes(scale), as_bytes(low), packed]
+    else:
+        parts = [as_bytes(scale), codes.to(torch.int8).view(torch.uint8)]
+    return torch.cat(parts, dim=-1).reshape(rows, -1).contiguous()
+
+
+def quantize_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """``weight`` rounded to the nearest values of ``fmt`` blocks, as llama.cpp quantizes.
+
+    Q4_1: per 32 weights, ``m`` = the minimum and ``d`` = (maximum - minimum) / 15, both
+    rounded to float16, ``q = round((w - m) / d)`` clamped to 0..15. Q8_0: ``d`` = the
+    largest magnitude / 127 in float16, ``q = round(w / d)``. Returns float32 of the same
+    shape, every value ``q * d + m`` (:func:`recover_blocks` finds the blocks back): a
+    different model from ``weight``, the one a GGUF file of that format holds.
+
+    Raises:
+        ValueError: ``weight`` is not a float32 matrix whose rows are whole blocks.
+    """
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % _BLOCK:
+        raise ValueError(
+            f"blocks of {_BLOCK} need a float32 matrix with a multiple of {_BLOCK} columns; "
+            f"got {tuple(weight.shape)} {weight.dtype}"
+        )
+    blocks = weight.detach().reshape(weight.shape[0], -1, _BLOCK)
+    if fmt == "q4_1":
+        low = blocks.amin(-1, keepdim=True).half().float()
+        scale = ((blocks.amax(-1, keepdim=True) - low) / 15).half().float()
+        q = torch.round((blocks - low) / torch.where(scale == 0, 1.0, scale)).clamp(0, 15)
+        widened = q * scale + low
+    else:
+        scale = (blocks.abs().amax(-1, keepdim=True) / 127).half().float()
+        q = torch.round(blocks / torch.where(scale == 0, 1.0, scale)).clamp(-127, 127)
+        widened = q * scale
+    return widened.reshape(weight.shape)
+
+
+# -- the product -------------------------------------------------------------------------
+
+
+def _linear(
+    kind: int, x: torch.Tensor, weight: torch.Tensor, out_features: int, bias: torch.Tensor | None
+) -> torch.Tensor:
+    lib = _library()
+    if lib is None:
+        raise RuntimeError(f"the block kernel is unavailable: {_STATE['why']}")
+    x = x.contiguous()
+    y = torch.empty((x.shape[0], out_features), dtype=torch.float32)
+    status = lib.vs_linear(
+        kind, x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), out_features,
+        None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if status != 0:
+        raise RuntimeError("the block kernel refused its arguments (inner width, memory)")
+    return y
+
+
+class BlockLinear(nn.Module):
+    """``nn.Linear`` (float32, CPU) whose weight the C kernel reads as blocks or float32.
+
+    Build it with :meth:`from_linear`. The result for a row depends on that row only
+    (see the module docstring).
+
+    Attributes:
+        fmt: ``"q4_1"``, ``"q8_0"`` or ``"float32"``.
+        blocks: the weight as the kernel reads it (uint8 blocks, or the float32 matrix).
+        bias: float32 or ``None``.
+        weight_dtype: ``torch.float32``: the dtype inputs must have.
+    """
+
+    def __init__(
+        self, fmt: Format, blocks: torch.Tensor, in_features: int, out_features: int,
+        bias: torch.Tensor | None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.fmt, self.kind = fmt, FORMATS[fmt]
+        self.in_features, self.out_features = in_features, out_features
+        self.blocks: torch.Tensor
+        self.register_buffer("blocks", blocks.contiguous())
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.weight_dtype = torch.float32
+        self.key: int | None = None  # set when a compiled forward calls it by key
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, formats: tuple[Format, ...]) -> BlockLinear | None:
+        """The first of ``formats`` that holds ``linear``'s weight exactly, or ``None``."""
+        weight = linear.weight.detach()
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return None
+        for fmt in formats:
+            blocks = weight.contiguous() if fmt == "float32" else recover_blocks(weight, fmt)
+            if blocks is not None and (fmt != "float32" or weight.shape[1] % 8 == 0):
+                return cls(fmt, blocks, linear.in_features, linear.out_features, linear.bias)
+        return None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: Shape: (R, in_features), float32."""
+        if torch.compiler.is_compiling():  # an opaque operator inside compiled graphs
+            return torch.ops.verispec.packed_linear(x, self.key)
+        return self.eager(x)
+
+    def eager(self, x: torch.Tensor) -> torch.Tensor:
+        """The kernel's product."""
+        return _linear(self.kind, x, self.blocks, self.out_features, self.bias)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight as the product sees it, float32, Shape: (out_features, in_features)."""
+        if self.fmt == "float32":
+            return self.blocks.clone()
+        lib = _library()
+        if lib is None:
+            raise RuntimeError(f"the block kernel is unavailable: {_STATE['why']}")
+        out = torch.empty(self.out_features, self.in_features)
+        lib.vs_dequantize(
+            self.kind, self.blocks.data_ptr(), self.out_features, self.in_features, out.data_ptr()
+        )
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, format={self.fmt}"
