@@ -59,6 +59,7 @@ __all__ = [
     "attend",
     "attend_static",
     "from_hf",
+    "min_tokens",
 ]
 
 _ARCHITECTURES = {"llama", "qwen2", "mistral"}
@@ -214,7 +215,13 @@ def attend(
     # The queries of one key/value head side by side: (Hkv, G * Q, D), G = H / Hkv.
     groups = heads // kv_heads
     q = q.view(q_len, kv_heads, groups, head_dim).permute(1, 2, 0, 3)
-    scores = torch.bmm(q.reshape(kv_heads, groups * q_len, head_dim), keys.transpose(1, 2))
+    rows = _padded_rows(groups, q_len)  # the products' row count (a one-token pass is padded)
+    queries = q.reshape(kv_heads, groups * q_len, head_dim)
+    if rows > groups * q_len:
+        queries = torch.cat(
+            [queries, queries.new_zeros(kv_heads, rows - groups * q_len, head_dim)], 1
+        )
+    scores = torch.bmm(queries, keys.transpose(1, 2))[:, : groups * q_len]
     grid = scores.view(kv_heads, groups, q_len, length)  # (Hkv, G, Q, S)
     width = local_mask.shape[1]
     visible = start + q_len - width
@@ -249,9 +256,15 @@ def _weighted_values(
     Returns:
         Shape: (Hkv, G * Q, D + 1).
     """
-    length = values.shape[1]
+    length, real = values.shape[1], weights.shape[1]
+    rows = _padded_rows(groups, real // groups)
+    padded = weights
+    if rows > real:
+        padded = torch.cat([weights, weights.new_zeros(weights.shape[0], rows - real, length)], 1)
     blocks = [
-        torch.bmm(weights[..., first : first + VALUE_BLOCK], values[:, first : first + VALUE_BLOCK])
+        torch.bmm(padded[..., first : first + VALUE_BLOCK], values[:, first : first + VALUE_BLOCK])[
+            :, :real
+        ]
         for first in range(0, length, VALUE_BLOCK)
     ]
     _resum_straddling_rows(blocks, weights, values, local_mask, start, groups)
@@ -259,6 +272,20 @@ def _weighted_values(
     for block in blocks[1:]:
         summed = summed + block
     return summed
+
+
+def _padded_rows(groups: int, q_len: int) -> int:
+    """Rows the attention's products run on for ``q_len`` tokens of ``groups`` query heads
+    per key/value head: at least :data:`MIN_PRODUCT_ROWS`, in whole tokens (zero rows added
+    and dropped), so that a row's bits do not depend on the pass's size."""
+    return max(q_len, min_tokens(groups)) * groups
+
+
+def min_tokens(groups: int) -> int:
+    """The fewest tokens a pass's products run on (the rest padded): two, and at least
+    :data:`MIN_PRODUCT_ROWS` rows of the attention's products for ``groups`` query heads per
+    key/value head. oneDNN's projections need two rows; the attention pads itself."""
+    return max(2, -(-MIN_PRODUCT_ROWS // groups))
 
 
 def _resum_straddling_rows(
@@ -299,7 +326,7 @@ def _resum_straddling_rows(
     gathered_w = gathered_w.masked_fill_(~valid, 0.0).permute(0, 2, 1, 3)  # (Hkv, R, G, span)
     gathered_v = values[:, index]  # (Hkv, R, span, D + 1)
     # As many rows per product as a one-token pass has: pad the G rows with zero rows.
-    padded_rows = max(2, -(-MIN_PRODUCT_ROWS // groups)) * groups
+    padded_rows = min_tokens(groups) * groups
     padded = gathered_w.new_zeros(kv_heads, rows_n, padded_rows, span)
     padded[:, :, :groups] = gathered_w
     padded = padded.view(kv_heads * rows_n, padded_rows, span)

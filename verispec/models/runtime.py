@@ -41,7 +41,15 @@ from torch import nn
 from verispec.core.validate import boolean, integer
 from verispec.errors import ConfigError
 from verispec.models._sequence import TreeSequenceModel, layer_indices
-from verispec.models.llama import MIN_PRODUCT_ROWS, VALUE_BLOCK, KVCache, Transformer, from_hf
+from verispec.models.cpu_linear import BlockLinear, Format, kernel_status, quantize_blocks
+from verispec.models.llama import (
+    MIN_PRODUCT_ROWS,
+    VALUE_BLOCK,
+    KVCache,
+    Transformer,
+    from_hf,
+    min_tokens,
+)
 
 __all__ = [
     "BUCKETS",
@@ -49,6 +57,7 @@ __all__ = [
     "FastModel",
     "PackedLinear",
     "bf16_supported",
+    "WEIGHTS",
     "bucket_for",
     "cpu_features",
     "default_dtype",
@@ -305,6 +314,16 @@ class FastModel(TreeSequenceModel):
             drops it (:attr:`hf_model` is ``None``), so that its weights are freed once
             no one else holds the model: the runtime's copies are all it needs (about
             510 MiB less resident memory for SmolLM2 in float32).
+        weights: how the CPU products read float32 weights. ``"auto"`` (default): every
+            matrix that is exactly a GGUF low-bit block format (a model dequantized from a
+            GGUF file, as the embedded SmolLM2) is read as those blocks by verispec's CPU
+            kernel (:mod:`verispec.models.cpu_linear`): the same weights, bit for bit, at
+            a sixth of the bytes; the others as ``"dense"``. ``"blocks"``: the same, but
+            an error if the kernel cannot run or a matrix is not exactly blocks.
+            ``"dense"``: float32 matrices (oneDNN when prepacked). ``"q4_1"``: round the
+            projections to Q4_1 and the LM head to Q8_0 first, as llama.cpp's Q4_1 files
+            hold them, then read them as blocks: a *different model* (4-bit weights), for
+            float32 models that do not come from such a file.
 
     The caches are kept across sequences (``reset`` forgets the tokens, not the
     buffers), so a second generation allocates nothing.
@@ -324,8 +343,11 @@ class FastModel(TreeSequenceModel):
         compile: bool = False,
         cuda_graphs: bool | str = "auto",
         keep_source: bool = True,
+        weights: str = "auto",
     ) -> None:
         boolean("keep_source", keep_source)
+        if weights not in WEIGHTS:
+            raise ConfigError(f"`weights` must be one of {WEIGHTS}; got {weights!r}.")
         config = hf_model.config
         context = int(getattr(config, "max_position_embeddings", 2048))
         window = getattr(config, "sliding_window", None)
@@ -353,6 +375,7 @@ class FastModel(TreeSequenceModel):
             )
         transformer = from_hf(hf_model, dtype=dtype, max_positions=context)  # type: ignore[arg-type]
         weight_dtype = transformer.weight_dtype
+        blocks = _use_blocks(transformer, weights, device) if weights != "dense" else 0
         if prepack is True and not _can_prepack(device, weight_dtype):
             raise ConfigError(
                 f"`prepack=True` needs a CPU with oneDNN and float32 or native bfloat16 "
@@ -360,15 +383,18 @@ class FastModel(TreeSequenceModel):
             )
         packed = bool(prepack) and _can_prepack(device, weight_dtype)
         if packed:
-            prepack_linears(transformer)
+            packed = prepack_linears(transformer) > 0
         shared = _Shared(transformer, hf_model if keep_source else None, packed=packed)
+        shared.blocks = blocks
+        if not packed and not any(isinstance(m, nn.Linear) for m in transformer.modules()):
+            shared.min_rows = 1  # every product is the block kernel's: row-invariant from one
         shared.config, shared.source_name = config, type(hf_model).__name__
         shared.eos_token_id = _eos_token_id(hf_model)
         if compile:
             from verispec.models._compiled import CompiledForward, register_linear
 
             for module in transformer.modules():
-                if isinstance(module, PackedLinear):
+                if isinstance(module, PackedLinear | BlockLinear):
                     module.key = register_linear(module)
             shared.wrapper = CompiledForward(transformer)
         elif cuda_graphs is True or (cuda_graphs == "auto" and device.type == "cuda"):
@@ -440,10 +466,12 @@ class FastModel(TreeSequenceModel):
     @property
     def runtime(self) -> str:
         """What runs the forward: ``"eager"``, ``"compiled"`` or ``"cuda-graphs"``, plus
-        ``"+oneDNN"`` if the weights are prepacked."""
+        ``"+GGUF blocks"`` if products read low-bit blocks (``weights``), ``"+oneDNN"`` if
+        weights are prepacked."""
         wrapper = type(self._shared.wrapper).__name__
         name = {"CompiledForward": "compiled", "GraphedForward": "cuda-graphs"}.get(wrapper)
-        return (name or "eager") + ("+oneDNN" if self._shared.packed else "")
+        blocks = "+GGUF blocks" if self._shared.blocks else ""
+        return (name or "eager") + blocks + ("+oneDNN" if self._shared.packed else "")
 
     @property
     def setup_s(self) -> float:
@@ -572,9 +600,10 @@ class FastModel(TreeSequenceModel):
         rows = queries if keep_rows is None else keep_rows
         if rows == 0:
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
-        # At least two rows through the LM head too (same results whatever the count).
-        first = max(0, min(queries - rows, padded - 2))
-        logits = self.transformer.logits(hidden[first : max(queries, first + 2)])
+        # oneDNN's head: at least two rows (same results whatever the count from two).
+        least = 1 if isinstance(self.transformer.output, BlockLinear) else 2
+        first = max(0, min(queries - rows, padded - least))
+        logits = self.transformer.logits(hidden[first : max(queries, first + least)])
         return logits[queries - rows - first : queries - first]
 
     def __repr__(self) -> str:
@@ -587,6 +616,49 @@ class FastModel(TreeSequenceModel):
 
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+WEIGHTS = ("auto", "blocks", "dense", "q4_1")
+"""How :class:`FastModel` reads float32 weights on the CPU (its ``weights`` argument)."""
+
+
+def _use_blocks(transformer: Transformer, weights: str, device: torch.device) -> int:
+    """Replace every ``nn.Linear`` whose float32 weight is exactly Q4_1 (projections) or
+    Q8_0 (the LM head: GGUF files store embeddings so) by a :class:`BlockLinear`; return
+    how many. ``weights="blocks"`` raises where that is not possible."""
+    usable = device.type == "cpu" and transformer.weight_dtype == torch.float32
+    ok, why = kernel_status() if usable else (False, "the weights are not float32 on a CPU")
+    if not ok:
+        if weights != "auto":
+            raise ConfigError(f"`weights={weights!r}` cannot run here: {why}.")
+        return 0
+    count, refused = 0, []
+
+    def replace(module: nn.Module, prefix: str) -> None:
+        nonlocal count
+        for name, child in module.named_children():
+            if isinstance(child, nn.Linear):
+                formats: tuple[Format, Format] = (
+                    ("q8_0", "q4_1") if child is transformer.output else ("q4_1", "q8_0")
+                )
+                if weights == "q4_1":
+                    with torch.no_grad():  # the head's weight is the embedding's, rounded too
+                        child.weight.copy_(quantize_blocks(child.weight, formats[0]))
+                block = BlockLinear.from_linear(child, formats)
+                if block is None:
+                    refused.append(prefix + name)
+                else:
+                    setattr(module, name, block)
+                    count += 1
+            else:
+                replace(child, f"{prefix}{name}.")
+
+    replace(transformer, "")
+    if refused and weights != "auto":
+        raise ConfigError(
+            f"`weights={weights!r}`: {len(refused)} matrices (e.g. {refused[0]}) are not "
+            f"exactly Q4_1 or Q8_0 blocks (a width not a multiple of 32?); use weights='auto' "
+            f"or 'dense'."
+        )
+    return count
 
 
 class _Shared:
@@ -599,12 +671,12 @@ class _Shared:
         self.source_name = ""
         self.eos_token_id: Any = None
         self.packed = packed
+        self.blocks = 0  # products that read GGUF blocks (FastModel's ``weights``)
         self.wrapper: Any = None  # CompiledForward or GraphedForward, or None: eager
-        # Every product runs on at least MIN_PRODUCT_ROWS rows: the projections on Q,
-        # the attention products on G * Q (G query heads per key/value head).
+        # Tokens a pass runs on at least: oneDNN's projections need two rows (the block
+        # kernel one), the attention pads its own products (llama.min_tokens).
         args = transformer.args
-        groups = args.n_heads // args.n_kv_heads
-        self.min_rows = max(2, -(-MIN_PRODUCT_ROWS // groups))
+        self.min_rows = min_tokens(args.n_heads // args.n_kv_heads)
 
     def bucket(self, queries: int) -> int:
         """Rows one forward computes for ``queries`` tokens (padding included)."""

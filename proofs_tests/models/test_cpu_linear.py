@@ -1,0 +1,179 @@
+"""Tests of verispec/models/cpu_linear.py: the CPU kernel that reads GGUF blocks.
+
+What it promises: the blocks it finds widen to the float32 matrix bit for bit (so the model
+is unchanged); its products equal its float32 twin on the widened matrix bit for bit and
+torch's product to rounding; a row's result does not depend on the row count or the thread
+count; and FastModel on those products keeps tree rows equal to sequential decoding, bit for
+bit, from a single row.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from model_references import decoded_tree_reference, draft_trees, tree_reference
+from torch import nn
+
+from verispec.core import DraftTree
+from verispec.errors import ConfigError
+from verispec.models import FastModel, tiny_model
+from verispec.models.cpu_linear import (
+    BlockLinear,
+    kernel_status,
+    quantize_blocks,
+    recover_blocks,
+)
+
+available, why = kernel_status()
+needs_kernel = pytest.mark.skipif(not available, reason=f"block kernel unavailable: {why}")
+V = 64
+
+
+def _linear(rows: int, cols: int, fmt: str | None, seed: int = 0, bias: bool = False) -> nn.Linear:
+    generator = torch.Generator().manual_seed(seed)
+    linear = nn.Linear(cols, rows, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(rows, cols, generator=generator) * 0.05)
+        if fmt is not None:
+            linear.weight.copy_(quantize_blocks(linear.weight, fmt))  # type: ignore[arg-type]
+        if bias:
+            linear.bias.copy_(torch.randn(rows, generator=generator))
+    return linear
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_recovered_blocks_widen_to_the_matrix_bit_for_bit(fmt: str) -> None:
+    """A matrix rounded to a block format (a query-row style scale by 1/8 included) is found
+    to be blocks, and widening them gives back every float32 bit."""
+    linear = _linear(96, 256, fmt)
+    with torch.no_grad():
+        linear.weight[:32] *= 0.125  # the runtime folds the softmax scale in like this
+    block = BlockLinear.from_linear(linear, (fmt,))  # type: ignore[arg-type]
+    assert block is not None and block.fmt == fmt
+    if available:
+        assert torch.equal(block.dequantized(), linear.weight)
+
+
+def test_a_matrix_that_is_not_blocks_is_refused() -> None:
+    """Random float32 weights, a width not a multiple of 32 and non-finite values are not
+    blocks: recover_blocks says so instead of approximating."""
+    assert recover_blocks(_linear(8, 64, None).weight.detach(), "q4_1") is None
+    assert recover_blocks(_linear(8, 64, None).weight.detach(), "q8_0") is None
+    assert recover_blocks(torch.zeros(4, 48), "q4_1") is None
+    weight = quantize_blocks(_linear(4, 64, None).weight.detach(), "q4_1")
+    weight[0, 0] = float("nan")
+    assert recover_blocks(weight, "q4_1") is None
+
+
+def test_quantize_blocks_names_a_bad_matrix() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_blocks(torch.zeros(4, 40), "q4_1")
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_block_product_equals_its_float32_twin_bit_for_bit(fmt: str, bias: bool) -> None:
+    """The block product equals the kernel's float32 product on the widened matrix bit for bit
+    (same chains of fused multiply-adds), and torch's float32 product to rounding."""
+    linear = _linear(72, 576, fmt, bias=bias)  # 72 rows: 18 whole tiles of 4, no tail
+    block = BlockLinear.from_linear(linear, (fmt,))  # type: ignore[arg-type]
+    twin = BlockLinear.from_linear(linear, ("float32",))
+    assert block is not None and twin is not None
+    x = torch.randn(9, 576, generator=torch.Generator().manual_seed(1))
+    got = block(x)
+    assert torch.equal(got, twin(x))
+    expected = nn.functional.linear(
+        x.double(), linear.weight.double(), None if not bias else linear.bias.double()
+    )
+    assert (got.double() - expected).abs().max().item() < 1e-5
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "float32"])
+def test_rows_do_not_depend_on_row_count_or_threads(fmt: str) -> None:
+    """Each row's bits are the same for 1 to 40 rows, and on one or two threads (a tail of
+    3 output rows included: 4-row tiles plus one of 3)."""
+    linear = _linear(67, 1536, None if fmt == "float32" else fmt)
+    block = BlockLinear.from_linear(linear, (fmt,))  # type: ignore[arg-type]
+    assert block is not None
+    x = torch.randn(40, 1536, generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        full = block(x)
+        for rows in range(1, 41):
+            assert torch.equal(block(x[:rows]), full[:rows]), rows
+        assert torch.equal(block(x[7:8]), full[7:8])
+        torch.set_num_threads(2)
+        assert torch.equal(block(x), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+# -- the runtime on block products --------------------------------------------------------
+
+_MODELS: dict[tuple, FastModel] = {}
+
+
+def blocks_model(max_length: int = 256) -> FastModel:
+    """A tiny float32 Llama (width 64) with 4-bit weights, every product the block kernel."""
+    if max_length not in _MODELS:
+        hf = tiny_model(
+            "llama", vocab_size=V, seed=1, dtype=torch.float32, hidden_size=64,
+            max_length=max_length,
+        ).hf_model  # fmt: skip
+        _MODELS[max_length] = FastModel(hf, dtype=torch.float32, weights="q4_1")
+    return _MODELS[max_length]
+
+
+@needs_kernel
+def test_q4_1_model_reads_every_matrix_as_blocks() -> None:
+    """weights='q4_1' rounds every matrix and reads it as blocks: no dense product is left,
+    and a one-token pass runs on one row."""
+    model = blocks_model()
+    assert model.runtime == "eager+GGUF blocks"
+    linears = [m for m in model.transformer.modules() if isinstance(m, nn.Linear | BlockLinear)]
+    assert linears and all(isinstance(m, BlockLinear) for m in linears)
+    assert model.transformer.output.fmt == "q8_0"
+    assert model._shared.bucket(1) == 1
+
+
+@needs_kernel
+@settings(max_examples=15, deadline=None)
+@given(prompt=st.lists(st.integers(0, V - 1), min_size=1, max_size=8), tree=draft_trees(V, 14))
+def test_block_tree_rows_are_bitwise_sequential(prompt: list[int], tree: DraftTree) -> None:
+    """On block products, each tree row is bit for bit the row that decoding its path one
+    token at a time gives (single-token passes are not padded any more)."""
+    model = blocks_model()
+    model.prefill(torch.tensor(prompt))
+    assert torch.equal(model.forward_tree(tree), tree_reference(model, prompt, tree))
+
+
+@needs_kernel
+@settings(max_examples=6, deadline=None)
+@given(
+    prompt=st.integers(100, 127).flatmap(
+        lambda n: st.lists(st.integers(0, V - 1), min_size=n, max_size=n)
+    ),
+    tree=draft_trees(V, max_nodes=30),
+)
+def test_block_tree_rows_across_a_value_block(prompt: list[int], tree: DraftTree) -> None:
+    """Where the tree straddles slot 128, tree rows still equal greedy decoding bit for bit."""
+    model = blocks_model(512)
+    model.prefill(torch.tensor(prompt))
+    assert torch.equal(model.forward_tree(tree), decoded_tree_reference(model, prompt, tree))
+
+
+def test_weights_choices_are_checked() -> None:
+    """An unknown `weights` and `weights='blocks'` on a model that is not blocks are refused
+    with the argument named; 'auto' falls back to dense products there."""
+    hf = tiny_model("llama", vocab_size=V, seed=1, dtype=torch.float32, hidden_size=64).hf_model
+    with pytest.raises(ConfigError, match="`weights` must be one of"):
+        FastModel(hf, weights="int3")
+    with pytest.raises(ConfigError, match="weights='blocks'"):
+        FastModel(hf, weights="blocks")
+    assert "blocks" not in FastModel(hf, weights="auto").runtime
+    assert "blocks" not in FastModel(hf, weights="dense").runtime
