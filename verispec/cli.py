@@ -29,6 +29,7 @@ from typing import Any
 
 from verispec.core.validate import bounds, in_bounds, interval
 from verispec.errors import ConfigError
+from verispec.models.runtime import WEIGHTS
 
 __all__ = ["DEFAULT_LIMIT", "DEFAULT_METHODS", "build_parser", "main"]
 
@@ -101,6 +102,16 @@ def _model_options(parser: argparse.ArgumentParser, threads: int | None = None) 
         help="what runs the target: fast = verispec's own Llama-family forward (prepacked "
         "weights, static KV cache); hf = the Hugging Face adapter (the reference); auto "
         "(default) = fast where it covers the model",
+    )
+    group.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="auto",
+        help="how the fast runtime's CPU products read float32 weights: auto (default) = "
+        "GGUF Q4_1/Q8_0 blocks where the weights are exactly such blocks (the embedded "
+        "SmolLM2: the same model at a sixth of the bytes), else dense; blocks = that or an "
+        "error; dense = float32 matrices (oneDNN); q4_1 = round to 4-bit blocks first (a "
+        "different model, as llama.cpp's Q4_1 files)",
     )
     group.add_argument(
         "--compile",
@@ -180,6 +191,7 @@ def _load_model_source(
         "runtime": args.runtime,
         "compile": args.compile,
         "keep_source": keep_source,
+        "weights": args.weights,
     }
     if args.model == "tiny":
         from verispec.models.tiny import load_smoke_model
@@ -822,6 +834,7 @@ def _records(
         "device": device,
         "runtime": args.runtime,
         "compile": args.compile,
+        "weights": args.weights,
     }
     return RecordLog(path, records_header(config, specs, questions, setup), resume=args.resume)
 

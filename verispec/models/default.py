@@ -113,6 +113,7 @@ def make_target(
     max_length: int | None = None,
     compile: bool = False,
     keep_source: bool = True,
+    weights: str = "auto",
 ) -> FastModel | HFModel:
     """Wrap a loaded ``transformers`` causal LM as the decoding target.
 
@@ -128,6 +129,8 @@ def make_target(
         compile: compile the runtime's forward per tree-size bucket (see :class:`FastModel`).
         keep_source: the runtime keeps ``hf_model`` (``False``: drops its reference, see
             :class:`FastModel`); the adapter always keeps it.
+        weights: how the runtime's CPU products read the weights (:class:`FastModel`):
+            ``"auto"`` reads GGUF low-bit blocks where the weights are exactly such blocks.
 
     The returned model's ``runtime_note`` says which was picked and why.
 
@@ -149,6 +152,7 @@ def make_target(
                 max_length=max_length,
                 compile=compile,
                 keep_source=keep_source,
+                weights=weights,
             )
             note = f"fast runtime ({model.runtime}, {str(model.dtype).replace('torch.', '')})"
         except UnsupportedModelError as error:
@@ -169,6 +173,7 @@ def load_default_model(
     runtime: str = "auto",
     compile: bool = False,
     keep_source: bool = True,
+    weights: str = "auto",
 ) -> tuple[FastModel | HFModel, Any]:
     """Load SmolLM2-135M-Instruct and its tokenizer.
 
@@ -184,6 +189,9 @@ def load_default_model(
             ``warm_up()`` to compile before timing anything).
         keep_source: keep the transformers model as the runtime's ``hf_model`` (for the
             ``hf`` peers); ``False`` frees its weights once converted (:class:`FastModel`).
+        weights: see :func:`make_target`. With the default, the embedded model's products
+            read its GGUF file's own Q4_1 and Q8_0 blocks (the same weights, a sixth of
+            the bytes).
 
     Returns:
         ``(model, tokenizer)``: a :class:`FastModel` (or an :class:`HFModel`), and a
@@ -210,5 +218,6 @@ def load_default_model(
         max_length=max_length,
         compile=compile,
         keep_source=keep_source,
+        weights=weights,
     )
     return model, tokenizer

@@ -85,6 +85,7 @@ def load_model(
     cache_dir: str | os.PathLike[str] | None = None,
     compile: bool = False,
     keep_source: bool = True,
+    weights: str = "auto",
 ) -> tuple[Any, Any]:
     """Load a causal LM from a local directory or GGUF file, and its tokenizer.
 
@@ -92,7 +93,7 @@ def load_model(
         path: a ``save_pretrained`` directory or a ``.gguf`` file.
         tokenizer: a directory holding the tokenizer, when ``path`` has none (or another
             one is wanted).
-        dtype, device, runtime, max_length, cache_dir, compile, keep_source: as for
+        dtype, device, runtime, max_length, cache_dir, compile, keep_source, weights: as for
             :func:`~verispec.models.default.load_default_model`.
 
     Returns:
@@ -141,5 +142,6 @@ def load_model(
         max_length=max_length,
         compile=compile,
         keep_source=keep_source,
+        weights=weights,
     )
     return model, loaded_tokenizer

@@ -159,10 +159,11 @@ def load_smoke_model(
     runtime: str = "auto",
     compile: bool = False,
     keep_source: bool = True,
+    weights: str = "auto",
 ) -> tuple[Any, ByteTokenizer]:
     """A 4-layer random Llama over the byte vocabulary, and its :class:`ByteTokenizer`.
 
-    ``runtime``, ``compile`` and ``keep_source`` as for
+    ``runtime``, ``compile``, ``keep_source`` and ``weights`` as for
     :func:`verispec.models.default.make_target`.
     """
     from verispec.models.default import make_target
@@ -176,5 +177,7 @@ def load_smoke_model(
         dtype=dtype,
         device=device,
     )
-    target = make_target(llama.hf_model, runtime=runtime, compile=compile, keep_source=keep_source)
+    target = make_target(
+        llama.hf_model, runtime=runtime, compile=compile, keep_source=keep_source, weights=weights
+    )
     return target, tokenizer
