@@ -1,0 +1,202 @@
+"""Where one target step's time goes on this CPU: products, LM head, attention, small ops, Python.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/step_profile.py --threads 1,2 --sizes 1,16 --weights auto,dense
+
+For each thread count, weight layout (:class:`~verispec.models.FastModel`'s ``weights``) and
+step size n (the root plus n - 1 tree nodes, after a ``--context``-token prompt), it times
+``--repeats`` steps and splits each into
+
+* **products**: the decoder layers' weight products (timed around each call);
+* **LM head**: the output product over the rows verification reads;
+* **attention**: :func:`verispec.models.llama.attend` (cache write, scores, mask, softmax,
+  value product), timed around each call;
+* **small ops**: every other torch operator (norms, rotary, residuals, SwiGLU, casts,
+  embedding), the self time torch's profiler gives them;
+* **Python and dispatch**: the rest of the step's wall time.
+
+Each class is also given as a share of its roofline: the bytes it must read (weights in
+their layout) over the read bandwidth measured here, and for products its floating-point
+operations over the core's fused multiply-add peak (``--peak-gflops``; default: 32 float32
+flops a cycle, AVX2's two FMA units, times the clock ``/proc/cpuinfo`` reports, per thread).
+Prints a Markdown table, with the CPU's flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+import verispec.models.llama as llama
+from verispec.bench.records import machine_info
+from verispec.drafters.budget import _chain_like_tree
+from verispec.models.cpu_linear import BlockLinear
+from verispec.models.default import load_default_model
+from verispec.models.runtime import FastModel, PackedLinear, cpu_features
+
+
+def _bandwidth(threads: int) -> float:
+    torch.set_num_threads(threads)
+    data = torch.ones(1 << 28)
+    data.sum()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - start)
+    return data.numel() * 4 / statistics.median(times) / 1e9
+
+
+def _clock_ghz() -> float:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return (
+                max(float(line.split(":")[1]) for line in info if line.startswith("cpu MHz")) / 1e3
+            )
+    except (OSError, ValueError):
+        return 3.0
+
+
+def _weight_bytes(module: Any) -> int:
+    if isinstance(module, BlockLinear):
+        return module.blocks.numel() * module.blocks.element_size()
+    if isinstance(module, PackedLinear):
+        return module.in_features * module.out_features * torch.finfo(module.weight_dtype).bits // 8
+    return module.weight.numel() * module.weight.element_size()
+
+
+def profile_step(model: FastModel, n: int, context: int, repeats: int) -> dict[str, float]:
+    """Median-free mean milliseconds per class over ``repeats`` steps of ``n`` new tokens."""
+    spent: dict[str, float] = defaultdict(float)
+    head = model.transformer.output
+    linears = [m for m in model.transformer.modules() if isinstance(m, BlockLinear | PackedLinear)]
+    originals = {id(m): m.forward for m in linears}
+
+    def timed(module: Any, label: str) -> Any:
+        forward = module.forward
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            start = time.perf_counter()
+            out = forward(x)
+            spent[label] += time.perf_counter() - start
+            return out
+
+        return run
+
+    for module in linears:
+        module.forward = timed(module, "LM head" if module is head else "products")
+    attend = llama.attend
+
+    def timed_attend(*args: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        out = attend(*args)
+        spent["attention"] += time.perf_counter() - start
+        return out
+
+    llama.attend = timed_attend  # type: ignore[assignment]
+    generator = torch.Generator().manual_seed(0)
+    try:
+        model.prefill(torch.randint(model.vocab_size, (context,), generator=generator))
+        for _ in range(2):
+            model.forward_tree(_chain_like_tree(n - 1, generator, model.vocab_size))
+        spent.clear()
+        from torch.profiler import ProfilerActivity, profile
+
+        start = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(repeats):
+                model.forward_tree(_chain_like_tree(n - 1, generator, model.vocab_size))
+        wall = time.perf_counter() - start
+        in_attention = {"aten::bmm", "aten::exp_", "aten::masked_fill_", "aten::amax", "aten::sub"}
+        small = (
+            sum(e.self_cpu_time_total for e in prof.key_averages() if e.key not in in_attention)
+            / 1e6
+        )  # the profiler's own overhead inflates this a little; attention is timed apart
+    finally:
+        llama.attend = attend  # type: ignore[assignment]
+        for module in linears:
+            module.forward = originals[id(module)]
+        model.reset()
+    ms = {k: v / repeats * 1e3 for k, v in spent.items()}
+    ms["small ops"] = small / repeats * 1e3
+    ms["step (profiled)"] = wall / repeats * 1e3
+    ms["Python and dispatch"] = max(
+        0.0,
+        ms["step (profiled)"]
+        - sum(ms[k] for k in ("products", "LM head", "attention", "small ops")),
+    )
+    return ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--sizes", default="1,16")
+    parser.add_argument("--weights", default="auto,dense")
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--peak-gflops", type=float, default=None)
+    args = parser.parse_args()
+    base, _ = load_default_model()
+    rows = []
+    for threads in (int(t) for t in args.threads.split(",")):
+        bandwidth = _bandwidth(threads)
+        peak = args.peak_gflops or 32 * _clock_ghz() * threads
+        for weights in args.weights.split(","):
+            model = FastModel(base.hf_model, weights=weights)
+            layers = [
+                m
+                for m in model.transformer.layers.modules()
+                if isinstance(m, BlockLinear | PackedLinear)
+            ]
+            layer_bytes = sum(_weight_bytes(m) for m in layers)
+            head_bytes = _weight_bytes(model.transformer.output)
+            layer_weights = sum(m.in_features * m.out_features for m in layers)
+            head_weights = (
+                model.transformer.output.in_features * model.transformer.output.out_features
+            )
+            for n in (int(s) for s in args.sizes.split(",")):
+                torch.set_num_threads(threads)
+                ms = profile_step(model, n, args.context, args.repeats)
+                rows_in = max(n, model._shared.bucket(n))
+                bound = {
+                    "products": max(
+                        layer_bytes / bandwidth / 1e6, 2 * layer_weights * rows_in / peak / 1e6
+                    ),
+                    "LM head": max(
+                        head_bytes / bandwidth / 1e6, 2 * head_weights * rows_in / peak / 1e6
+                    ),
+                }
+                rows.append((threads, weights, model.runtime, n, ms, bound, bandwidth, peak))
+    flags = " ".join(cpu_features())
+    print(f"CPU: {machine_info().get('cpu', '')}; flags: {flags}; torch {torch.__version__}")
+    print(
+        "\n| threads | weights | n | step ms | products | LM head | attention | small ops "
+        "| Python/dispatch | products at roofline | head at roofline |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for threads, weights, runtime, n, ms, bound, _, _ in rows:
+        shares = [
+            f"{bound[k] / ms[k]:.0%} of {bound[k]:.1f}" if ms.get(k) else "-"
+            for k in ("products", "LM head")
+        ]
+        cells = [ms.get(k, 0.0) for k in ("products", "LM head", "attention", "small ops")]
+        print(
+            f"| {threads} | {weights} ({runtime}) | {n} | {ms['step (profiled)']:.1f} | "
+            + " | ".join(f"{c:.1f}" for c in cells)
+            + f" | {ms['Python and dispatch']:.1f} | {shares[0]} | {shares[1]} |"
+        )
+    print(
+        "\nbandwidth GB/s / FMA peak GFLOP/s: "
+        + ", ".join(f"{r[0]} thread(s): {r[6]:.1f} / {r[7]:.0f}" for r in rows)
+    )
+
+
+if __name__ == "__main__":
+    main()
