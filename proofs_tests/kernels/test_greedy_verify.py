@@ -34,7 +34,7 @@ def test_kernel_equals_greedy_on_random_trees(triton_backend, device, make_paren
         parents = make_parents(n, g, chain_bias=0.8 if trial % 2 else 0.0)
         logits = torch.randn(n + 1, 300, generator=g).to(dtype)
         tree = _greedy_friendly_tree(logits.float(), parents, g)
-        expected = Greedy().verify(tree, logits)
+        expected = Greedy(kernels="torch").verify(tree, logits)
         assert ops.greedy_verify(tree, logits.to(device)) == expected
         tokens, child_ptr, child_idx = ops.tree_csr(tree, torch.device("cpu"))
         packed = reference.greedy_verify(logits, tokens, child_ptr, child_idx)
@@ -49,7 +49,7 @@ def test_ties_empty_tree_and_duplicate_siblings(triton_backend, device) -> None:
     logits[1, [7, 9]] = 1.0
     tree = DraftTree.from_parents([5, 5, 7], [-1, -1, 0])
     verdict = Greedy(kernels="triton").verify(tree, logits.to(device))
-    assert verdict == Greedy().verify(tree, logits)
+    assert verdict == Greedy(kernels="torch").verify(tree, logits)
     assert verdict.accepted == (0, 2)
     empty = DraftTree.empty()
     assert ops.greedy_verify(empty, logits[:1].to(device)).extra_token == 5
