@@ -26,12 +26,12 @@ Prints a Markdown table, with the CPU's flags.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections import defaultdict
 from typing import Any
 
 import torch
+from runtime_latency import read_bandwidth  # beside this script
 
 import verispec.models.llama as llama
 from verispec.bench.records import machine_info
@@ -39,18 +39,6 @@ from verispec.drafters.budget import _chain_like_tree
 from verispec.models.cpu_linear import BlockLinear
 from verispec.models.default import load_default_model
 from verispec.models.runtime import FastModel, PackedLinear, cpu_features
-
-
-def _bandwidth(threads: int) -> float:
-    torch.set_num_threads(threads)
-    data = torch.ones(1 << 28)
-    data.sum()
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        data.sum()
-        times.append(time.perf_counter() - start)
-    return data.numel() * 4 / statistics.median(times) / 1e9
 
 
 def _clock_ghz() -> float:
@@ -157,7 +145,7 @@ def main() -> None:
     base, _ = load_default_model()
     rows = []
     for threads in (int(t) for t in args.threads.split(",")):
-        bandwidth = _bandwidth(threads)
+        bandwidth = read_bandwidth(threads)
         peak = args.peak_gflops or 32 * _clock_ghz() * threads
         for weights in args.weights.split(","):
             model = FastModel(base.hf_model, weights=weights)
