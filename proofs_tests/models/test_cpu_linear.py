@@ -177,3 +177,35 @@ def test_weights_choices_are_checked() -> None:
         FastModel(hf, weights="blocks")
     assert "blocks" not in FastModel(hf, weights="auto").runtime
     assert "blocks" not in FastModel(hf, weights="dense").runtime
+
+
+def test_without_the_kernel_auto_runs_dense_and_blocks_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the kernel cannot be built, weights='auto' keeps oneDNN on a model that is
+    blocks, and weights='blocks' fails naming why."""
+    import verispec.models.cpu_linear as cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "_STATE", {"lib": None, "why": "no C compiler (test)"})
+    hf = tiny_model("llama", vocab_size=V, seed=1, dtype=torch.float32, hidden_size=64).hf_model
+    with torch.no_grad():
+        for linear in [m for m in hf.modules() if isinstance(m, nn.Linear)]:
+            linear.weight.copy_(quantize_blocks(linear.weight, "q4_1"))
+    assert FastModel(hf, weights="auto").runtime == "eager+oneDNN"
+    with pytest.raises(ConfigError, match=r"weights='blocks'.*no C compiler \(test\)"):
+        FastModel(hf, weights="blocks")
+
+
+def test_a_missing_compiler_is_reported_not_raised(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    """A compiler that does not exist makes the build fail with a reason (kernel_status),
+    and nothing is left in the kernel cache."""
+    import verispec.models.cpu_linear as cpu_linear
+
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_linear, "_STATE", {})
+    ok, reason = cpu_linear.kernel_status()
+    assert not ok and reason
+    assert not any(tmp_path.rglob("*.so"))  # type: ignore[attr-defined]

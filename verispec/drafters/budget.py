@@ -34,6 +34,7 @@ from typing import Any
 import attrs
 import torch
 
+from verispec.core import paths
 from verispec.core.tree import DraftTree
 from verispec.core.types import LanguageModel
 from verispec.errors import ConfigError
@@ -298,12 +299,6 @@ def device_key(model: Any) -> str:
     return f"{name}|{shape}|{dtype}|{device.type}|{where}|{runtime}"
 
 
-def _cache_dir() -> Path:
-    """``$VERISPEC_CACHE/latency`` if set, else ``~/.cache/verispec/latency`` (as the models)."""
-    env = os.environ.get("VERISPEC_CACHE")
-    return (Path(env).expanduser() if env else Path.home() / ".cache" / "verispec") / "latency"
-
-
 def latency_for(
     model: LanguageModel,
     *,
@@ -320,7 +315,7 @@ def latency_for(
     measured again; ``remeasure=True`` always measures and overwrites it.
     """
     key = device_key(model)
-    folder = Path(cache_dir) if cache_dir is not None else _cache_dir()
+    folder = Path(cache_dir) if cache_dir is not None else paths.cache_dir("latency")
     path = folder / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
     fitting = {c for c in contexts if c + max(sizes, default=0) < model.max_length}
     if not remeasure and path.is_file():

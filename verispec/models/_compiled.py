@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from verispec.core.paths import cache_dir
 from verispec.models.llama import KVCache, Transformer, attend
 from verispec.models.runtime import BUCKETS, BucketedForward
 
@@ -82,9 +83,7 @@ def _(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
 
 def inductor_cache_dir() -> Path:
     """``$VERISPEC_CACHE/inductor`` if set, else ``~/.cache/verispec/inductor``."""
-    env = os.environ.get("VERISPEC_CACHE")
-    root = Path(env).expanduser() if env else Path.home() / ".cache" / "verispec"
-    return root / "inductor"
+    return cache_dir("inductor")
 
 
 class CompiledForward(BucketedForward):

@@ -29,7 +29,7 @@ typedef struct { float d, m; uint8_t q[16]; } block_q4_1;
 typedef struct { float d; int8_t q[32]; } block_q8_0;
 
 int vs_block_bytes(int kind) {
-    return kind == 1 ? (int)sizeof(block_q4_1) : kind == 2 ? (int)sizeof(block_q8_0) : 128;
+    return kind == 1 ? (int)sizeof(block_q4_1) : kind == 2 ? (int)sizeof(block_q8_0) : 0;
 }
 
 static inline float hsum(__m256 v) {

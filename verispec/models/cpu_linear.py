@@ -39,10 +39,13 @@ from typing import Literal
 import torch
 from torch import nn
 
+from verispec.core.paths import cache_dir
+
 __all__ = [
     "FORMATS",
-    "Format",
     "BlockLinear",
+    "Format",
+    "cpu_flags",
     "kernel_status",
     "quantize_blocks",
     "recover_blocks",
@@ -57,12 +60,8 @@ _SOURCE = Path(__file__).with_name("_cpu_linear.c")
 _STATE: dict[str, object] = {}
 
 
-def _cache_root() -> Path:
-    env = os.environ.get("VERISPEC_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "verispec"
-
-
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The instruction-set flags this CPU reports (``/proc/cpuinfo``; empty elsewhere)."""
     try:
         with open("/proc/cpuinfo") as info:
             for line in info:
@@ -77,7 +76,7 @@ def _build() -> ctypes.CDLL:
     """Compile ``_cpu_linear.c`` for this CPU (once per source, CPU and compiler) and load it."""
     if platform.machine() not in ("x86_64", "AMD64"):
         raise RuntimeError(f"the kernel is written for x86-64; this is {platform.machine()}")
-    missing = {"avx2", "fma"} - _cpu_flags()
+    missing = {"avx2", "fma"} - cpu_flags()
     if missing:
         raise RuntimeError(f"this CPU lacks {', '.join(sorted(missing))}")
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -87,9 +86,9 @@ def _build() -> ctypes.CDLL:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     flags = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
     key = hashlib.sha256(
-        source + version.encode() + " ".join(flags).encode() + str(sorted(_cpu_flags())).encode()
+        source + version.encode() + " ".join(flags).encode() + str(sorted(cpu_flags())).encode()
     ).hexdigest()[:16]
-    target = _cache_root() / "kernels" / f"cpu_linear-{key}.so"
+    target = cache_dir("kernels", f"cpu_linear-{key}.so")
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
@@ -168,25 +167,27 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
     else:
         low, levels = torch.zeros_like(blocks[..., :1]), 127
         top = blocks.abs().amax(-1, keepdim=True)
+    # Flattened to one row per block; each candidate scale is tried on the blocks still open.
+    blocks, low, top = blocks.reshape(-1, _BLOCK), low.reshape(-1, 1), top.reshape(-1, 1)
     estimate = (top - low) / levels
     scale = torch.zeros_like(estimate)
     codes = torch.zeros_like(blocks)
-    found = estimate == 0  # constant blocks: q = 0 (q4_1: w = m; q8_0: w = 0)
-    found &= (blocks == low).all(-1, keepdim=True)
+    open_ = torch.arange(len(blocks))
     for steps in (0, 1, -1, 2, -2, 3, -3, 4, -4):
-        candidate = _nudged(estimate, steps)
+        candidate = _nudged(estimate[open_], steps)
         safe = torch.where(candidate == 0, torch.ones_like(candidate), candidate)
-        q = torch.round((blocks - low) / safe)
+        q = torch.round((blocks[open_] - low[open_]) / safe)  # constant blocks: q = 0
         q = q.clamp(0, levels) if fmt == "q4_1" else q.clamp(-levels, levels)
-        widened = q * candidate + low if fmt == "q4_1" else q * candidate
-        exact = (widened == blocks).all(-1, keepdim=True) & ~found
-        scale = torch.where(exact, candidate, scale)
-        codes = torch.where(exact, q, codes)
-        found |= exact
-        if bool(found.all()):
+        widened = q * candidate + low[open_] if fmt == "q4_1" else q * candidate
+        exact = (widened == blocks[open_]).all(-1)
+        scale[open_[exact]], codes[open_[exact]] = candidate[exact], q[exact]
+        open_ = open_[~exact]
+        if open_.numel() == 0:
             break
-    if not bool(found.all()):
+    if open_.numel():
         return None
+    scale = scale.reshape(rows, -1, 1)
+    low, codes = low.reshape(rows, -1, 1), codes.reshape(rows, -1, _BLOCK)
     as_bytes = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731  (float32 -> 4 bytes)
     if fmt == "q4_1":
         nibbles = codes.to(torch.uint8)

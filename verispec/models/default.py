@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from verispec.core.paths import cache_dir
 from verispec.errors import ConfigError, DefaultModelUnavailableError, UnsupportedModelError
 from verispec.models.hf import HFModel
 from verispec.models.runtime import FastModel
@@ -46,9 +47,9 @@ _CACHE_VERSION = 1  # bump when the cached layout changes
 
 
 def default_cache_dir() -> Path:
-    """``$VERISPEC_CACHE`` if set, else ``~/.cache/verispec``."""
-    env = os.environ.get("VERISPEC_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "verispec"
+    """``$VERISPEC_CACHE`` if set, else ``~/.cache/verispec`` (one rule:
+    :func:`verispec.core.paths.cache_dir`)."""
+    return cache_dir()
 
 
 def _package_gguf() -> Path:

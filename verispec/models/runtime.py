@@ -13,7 +13,11 @@ switchable off:
 * **Compiled buckets** (optional, ``compile=True``): the forward compiled with
   ``torch.compile`` once per bucket of tree sizes (:mod:`verispec.models._compiled`);
   :meth:`FastModel.warm_up` compiles them all up front and says how long it took.
-* **Prepacked weights** (CPU, float32 and bfloat16): every ``nn.Linear`` is replaced by
+* **GGUF blocks** (CPU, float32, ``weights="auto"``): every matrix that is exactly Q4_1 or
+  Q8_0 blocks (a model dequantized from a GGUF file, as the embedded SmolLM2) is read as
+  those blocks by a C kernel whose rows are invariant from one row up
+  (:mod:`verispec.models.cpu_linear`): the same weights at a sixth of the bytes.
+* **Prepacked weights** (CPU, float32 and bfloat16): every other ``nn.Linear`` is replaced by
   :class:`PackedLinear`, whose weight is reordered once into oneDNN's blocked layout.
   On the CPUs measured, oneDNN's product is 1.5-3x faster than the default MKL one for
   2 or more rows. oneDNN's results for a row do not depend on how many rows are
@@ -41,7 +45,13 @@ from torch import nn
 from verispec.core.validate import boolean, integer
 from verispec.errors import ConfigError
 from verispec.models._sequence import TreeSequenceModel, layer_indices
-from verispec.models.cpu_linear import BlockLinear, Format, kernel_status, quantize_blocks
+from verispec.models.cpu_linear import (
+    BlockLinear,
+    Format,
+    cpu_flags,
+    kernel_status,
+    quantize_blocks,
+)
 from verispec.models.llama import (
     MIN_PRODUCT_ROWS,
     VALUE_BLOCK,
@@ -85,15 +95,8 @@ def cpu_features() -> list[str]:
 
     Read from ``/proc/cpuinfo`` (Linux); empty elsewhere.
     """
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return [name for name in _FEATURES if name in flags]
-    except OSError:
-        pass
-    return []
+    flags = cpu_flags()
+    return [name for name in _FEATURES if name in flags]
 
 
 def bucket_for(queries: int) -> int:
