@@ -118,15 +118,16 @@ def test_rows_do_not_depend_on_row_count_or_threads(fmt: str) -> None:
 _MODELS: dict[tuple, FastModel] = {}
 
 
-def blocks_model(max_length: int = 256) -> FastModel:
+def blocks_model(max_length: int = 256, attention: str = "auto") -> FastModel:
     """A tiny float32 Llama (width 64) with 4-bit weights, every product the block kernel."""
-    if max_length not in _MODELS:
+    key = (max_length, attention)
+    if key not in _MODELS:
         hf = tiny_model(
             "llama", vocab_size=V, seed=1, dtype=torch.float32, hidden_size=64,
             max_length=max_length,
         ).hf_model  # fmt: skip
-        _MODELS[max_length] = FastModel(hf, dtype=torch.float32, weights="q4_1")
-    return _MODELS[max_length]
+        _MODELS[key] = FastModel(hf, dtype=torch.float32, weights="q4_1", attention=attention)
+    return _MODELS[key]
 
 
 @needs_kernel
@@ -134,7 +135,7 @@ def test_q4_1_model_reads_every_matrix_as_blocks() -> None:
     """weights='q4_1' rounds every matrix and reads it as blocks: no dense product is left,
     and a one-token pass runs on one row."""
     model = blocks_model()
-    assert model.runtime == "eager+GGUF blocks"
+    assert model.runtime == "eager+GGUF blocks+C attention"
     linears = [m for m in model.transformer.modules() if isinstance(m, nn.Linear | BlockLinear)]
     assert linears and all(isinstance(m, BlockLinear) for m in linears)
     assert model.transformer.output.fmt == "q8_0"
@@ -142,12 +143,16 @@ def test_q4_1_model_reads_every_matrix_as_blocks() -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("attention", ["auto", "torch"])
 @settings(max_examples=15, deadline=None)
 @given(prompt=st.lists(st.integers(0, V - 1), min_size=1, max_size=8), tree=draft_trees(V, 14))
-def test_block_tree_rows_are_bitwise_sequential(prompt: list[int], tree: DraftTree) -> None:
+def test_block_tree_rows_are_bitwise_sequential(
+    attention: str, prompt: list[int], tree: DraftTree
+) -> None:
     """On block products, each tree row is bit for bit the row that decoding its path one
-    token at a time gives (single-token passes are not padded any more)."""
-    model = blocks_model()
+    token at a time gives (single-token passes are not padded any more: the torch attention
+    pads its own products), with the C attention and with torch's."""
+    model = blocks_model(attention=attention)
     model.prefill(torch.tensor(prompt))
     assert torch.equal(model.forward_tree(tree), tree_reference(model, prompt, tree))
 
@@ -161,8 +166,9 @@ def test_block_tree_rows_are_bitwise_sequential(prompt: list[int], tree: DraftTr
     tree=draft_trees(V, max_nodes=30),
 )
 def test_block_tree_rows_across_a_value_block(prompt: list[int], tree: DraftTree) -> None:
-    """Where the tree straddles slot 128, tree rows still equal greedy decoding bit for bit."""
-    model = blocks_model(512)
+    """Where the tree straddles slot 128, tree rows still equal greedy decoding bit for bit
+    (the torch attention, whose value product is summed per block of 128 slots)."""
+    model = blocks_model(512, attention="torch")
     model.prefill(torch.tensor(prompt))
     assert torch.equal(model.forward_tree(tree), decoded_tree_reference(model, prompt, tree))
 
@@ -209,3 +215,60 @@ def test_a_missing_compiler_is_reported_not_raised(
     ok, reason = cpu_linear.kernel_status()
     assert not ok and reason
     assert not any(tmp_path.rglob("*.so"))  # type: ignore[attr-defined]
+
+
+@needs_kernel
+@pytest.mark.parametrize("queries", [1, 2, 7, 16])
+def test_c_attention_equals_torch_attention(queries: int) -> None:
+    """attend_cpu writes the same cache entries as attend and gives its outputs to rounding,
+    for a random tree mask after 300 committed slots (SmolLM2's heads: 9 over 3, D = 64)."""
+    from verispec.models.cpu_attention import attend_cpu
+    from verispec.models.llama import attend
+
+    g = torch.Generator().manual_seed(queries)
+    cache_k = torch.randn(3, 512, 64, generator=g)
+    cache_v = torch.cat([torch.randn(3, 512, 64, generator=g), torch.ones(3, 512, 1)], -1)
+    q = torch.randn(queries, 9, 64, generator=g) * 0.2
+    k, v = torch.randn(queries, 3, 64, generator=g), torch.randn(queries, 3, 64, generator=g)
+    mask = (torch.rand(queries, queries, generator=g) < 0.5).tril() | torch.eye(queries).bool()
+    where = torch.tensor([300, 384])
+    ours_k, ours_v = cache_k.clone(), cache_v.clone()
+    expected = attend(q, k, v, cache_k, cache_v, where, mask)
+    got = attend_cpu(q, k, v, ours_k, ours_v, where, mask)
+    assert torch.equal(ours_k, cache_k) and torch.equal(ours_v, cache_v)
+    assert (got - expected).abs().max().item() < 1e-5
+
+
+@needs_kernel
+def test_c_attention_row_depends_only_on_its_keys() -> None:
+    """A row of the C attention has the same bits alone and among 15 others, and when masked
+    slots lie between its keys: the property tree decoding needs."""
+    from verispec.models.cpu_attention import attend_cpu
+
+    g = torch.Generator().manual_seed(0)
+    cache_k = torch.randn(3, 512, 64, generator=g)
+    cache_v = torch.cat([torch.randn(3, 512, 64, generator=g), torch.ones(3, 512, 1)], -1)
+    q = torch.randn(16, 9, 64, generator=g) * 0.2
+    k, v = torch.randn(16, 3, 64, generator=g), torch.randn(16, 3, 64, generator=g)
+    chain = torch.ones(16, 16, dtype=torch.bool).tril()
+    chain[15, 3:15] = False  # row 15 sees slots 300..302 and itself only
+    full = attend_cpu(q, k, v, cache_k.clone(), cache_v.clone(), torch.tensor([300, 384]), chain)
+    # sequential: the keys of rows 0..2, then row 15's token alone at slot 303
+    seq_k, seq_v = cache_k.clone(), cache_v.clone()
+    attend_cpu(q[:3], k[:3], v[:3], seq_k, seq_v, torch.tensor([300, 384]), chain[:3, :3])
+    alone = attend_cpu(
+        q[15:], k[15:], v[15:], seq_k, seq_v, torch.tensor([303, 384]), torch.ones(1, 1).bool()
+    )
+    assert torch.equal(full[15:], alone)
+    assert torch.equal(
+        full[:3],
+        attend_cpu(
+            q[:3],
+            k[:3],
+            v[:3],
+            cache_k.clone(),
+            cache_v.clone(),
+            torch.tensor([300, 384]),
+            chain[:3, :3],
+        ),
+    )

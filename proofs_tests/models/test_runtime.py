@@ -24,6 +24,7 @@ from verispec import SpeculativeDecoder
 from verispec.core import DraftTree
 from verispec.errors import ConfigError, UnsupportedModelError
 from verispec.models import FastModel, HFModel, tiny_model
+from verispec.models.cpu_attention import cpu_attention_available
 from verispec.models.default import make_target
 from verispec.models.runtime import (
     PackedLinear,
@@ -82,20 +83,24 @@ def _invariant_dtypes() -> list[torch.dtype]:
     return [torch.float32, *([torch.bfloat16] if bf16_supported() else [])]
 
 
+@pytest.mark.parametrize("attention", ["auto", "torch"])
 @pytest.mark.parametrize("dtype", _invariant_dtypes(), ids=str)
 @settings(max_examples=15)
 @given(prompt=prompts, tree=draft_trees(V, max_nodes=14))
 def test_tree_rows_are_bitwise_sequential(
-    dtype: torch.dtype, prompt: list[int], tree: DraftTree
+    dtype: torch.dtype, attention: str, prompt: list[int], tree: DraftTree
 ) -> None:
     """With prepacked float32 or bfloat16 weights, each tree row is bit for bit the row that
     decoding its path one token at a time gives, side branches included (where this machine's
     kernels are row-invariant at the model's shapes, as FastModel.row_invariant checks; head
-    dim 16 here: MKL's products with 8 columns are not)."""
-    model = fast(dtype=dtype, hidden_size=64)
+    dim 16 here: MKL's products with 8 columns are not), with the attention in C (where it
+    builds) and as torch operators."""
+    model = fast(dtype=dtype, hidden_size=64, attention=attention)
     if not model.row_invariant:
         pytest.skip(f"this machine's {dtype} kernels are not row-invariant (see docs/runtime)")
-    assert model.runtime == "eager+oneDNN"
+    c_attention = "+C attention" if model._shared.cpu_attention else ""
+    assert model.runtime == "eager+oneDNN" + c_attention
+    assert bool(c_attention) == (attention == "auto" and cpu_attention_available(16))
     model.prefill(torch.tensor(prompt))
     logits = model.forward_tree(tree)
     assert torch.equal(logits, tree_reference(model, prompt, tree))
@@ -109,15 +114,17 @@ straddling_prompts = st.one_of(st.integers(100, 127), st.integers(236, 260)).fla
 )
 
 
+@pytest.mark.parametrize("attention", ["auto", "torch"])
 @pytest.mark.parametrize("dtype", _invariant_dtypes(), ids=str)
 @settings(max_examples=10, deadline=None)
 @given(prompt=straddling_prompts, tree=draft_trees(V, max_nodes=30))
 def test_tree_rows_are_bitwise_sequential_across_value_blocks(
-    dtype: torch.dtype, prompt: list[int], tree: DraftTree
+    dtype: torch.dtype, attention: str, prompt: list[int], tree: DraftTree
 ) -> None:
     """Where the tree straddles slot 128 or 256, each tree row is still bit for bit the row
-    that greedy decoding computes (prompt prefilled, path decoded one token at a time)."""
-    model = fast(dtype=dtype, hidden_size=64, max_length=512)
+    that greedy decoding computes (prompt prefilled, path decoded one token at a time), with
+    either attention."""
+    model = fast(dtype=dtype, hidden_size=64, max_length=512, attention=attention)
     if not model.row_invariant:
         pytest.skip(f"this machine's {dtype} kernels are not row-invariant (see docs/runtime)")
     model.prefill(torch.tensor(prompt))
@@ -176,7 +183,8 @@ def test_close_to_transformers_float32() -> None:
 
 def test_prepacking_changes_kernels_not_results() -> None:
     """The plain nn.Linear forward (prepack=False) and the prepacked one agree to 1e-5."""
-    packed, plain = fast(dtype=torch.float32), fast(dtype=torch.float32, prepack=False)
+    packed = fast(dtype=torch.float32, attention="torch")
+    plain = fast(dtype=torch.float32, prepack=False, attention="torch")
     assert plain.runtime == "eager" and packed.runtime == "eager+oneDNN"
     assert not any(isinstance(m, PackedLinear) for m in plain.transformer.modules())
     tree = DraftTree.from_parents([1, 2, 3], [-1, 0, -1])

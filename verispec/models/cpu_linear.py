@@ -47,6 +47,7 @@ __all__ = [
     "Format",
     "cpu_flags",
     "kernel_status",
+    "library",
     "quantize_blocks",
     "recover_blocks",
 ]
@@ -56,7 +57,7 @@ FORMATS: dict[str, int] = {"float32": 0, "q4_1": 1, "q8_0": 2}
 """The weight formats the kernel reads, by name, with the C code's number for each."""
 _BLOCK = 32  # weights per block, both formats
 _BLOCK_BYTES = {"q4_1": 24, "q8_0": 36}  # float d, float m, 16 nibble bytes / float d, 32 int8
-_SOURCE = Path(__file__).with_name("_cpu_linear.c")
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("_cpu_linear.c", "_cpu_attention.c"))
 _STATE: dict[str, object] = {}
 
 
@@ -73,7 +74,8 @@ def cpu_flags() -> set[str]:
 
 
 def _build() -> ctypes.CDLL:
-    """Compile ``_cpu_linear.c`` for this CPU (once per source, CPU and compiler) and load it."""
+    """Compile the kernels (``_cpu_linear.c``, ``_cpu_attention.c``) for this CPU (once per
+    source, CPU and compiler) into one library and load it."""
     if platform.machine() not in ("x86_64", "AMD64"):
         raise RuntimeError(f"the kernel is written for x86-64; this is {platform.machine()}")
     missing = {"avx2", "fma"} - cpu_flags()
@@ -82,7 +84,7 @@ def _build() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc or gcc) on the PATH")
-    source = _SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in _SOURCES)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     flags = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
     key = hashlib.sha256(
@@ -94,7 +96,9 @@ def _build() -> ctypes.CDLL:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
             done = subprocess.run(
-                [compiler, *flags, str(_SOURCE), "-o", str(built)], capture_output=True, text=True
+                [compiler, *flags, *map(str, _SOURCES), "-o", str(built)],
+                capture_output=True,
+                text=True,
             )
             if done.returncode != 0:
                 raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
@@ -106,13 +110,16 @@ def _build() -> ctypes.CDLL:
     lib.vs_dequantize.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
     lib.vs_dequantize.restype = ctypes.c_int
     lib.vs_block_bytes.argtypes = [ctypes.c_int]
+    lib.vs_attend.argtypes = [ptr] * 5 + [i64] * 6 + [ptr, i64, ptr, ctypes.c_int]
+    lib.vs_attend.restype = ctypes.c_int
     for name, size in _BLOCK_BYTES.items():
         if lib.vs_block_bytes(FORMATS[name]) != size:  # the C struct layout is what we write
             raise RuntimeError(f"the built kernel's {name} block is not {size} bytes")
     return lib
 
 
-def _library() -> ctypes.CDLL | None:
+def library() -> ctypes.CDLL | None:
+    """The built kernels (built on first call), or ``None`` where they cannot be built."""
     if "lib" not in _STATE:
         try:
             _STATE["lib"] = _build()
@@ -124,7 +131,7 @@ def _library() -> ctypes.CDLL | None:
 
 def kernel_status() -> tuple[bool, str]:
     """Whether the block kernel runs on this machine, and if not, why (built on first call)."""
-    return _library() is not None, str(_STATE.get("why", ""))
+    return library() is not None, str(_STATE.get("why", ""))
 
 
 # -- recovering the blocks -------------------------------------------------------------
@@ -234,7 +241,7 @@ def quantize_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor:
 def _linear(
     kind: int, x: torch.Tensor, weight: torch.Tensor, out_features: int, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    lib = _library()
+    lib = library()
     if lib is None:
         raise RuntimeError(f"the block kernel is unavailable: {_STATE['why']}")
     x = x.contiguous()
@@ -300,7 +307,7 @@ class BlockLinear(nn.Module):
         """The weight as the product sees it, float32, Shape: (out_features, in_features)."""
         if self.fmt == "float32":
             return self.blocks.clone()
-        lib = _library()
+        lib = library()
         if lib is None:
             raise RuntimeError(f"the block kernel is unavailable: {_STATE['why']}")
         out = torch.empty(self.out_features, self.in_features)

@@ -49,6 +49,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from verispec.errors import UnsupportedModelError
+from verispec.models.cpu_attention import attend_cpu
 
 __all__ = [
     "MIN_PRODUCT_ROWS",
@@ -397,6 +398,7 @@ class Attention(nn.Module):
         q_width, kv_width = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
         self.wqkv = nn.Linear(args.dim, q_width + 2 * kv_width, bias=args.qkv_bias)
         self.wo = nn.Linear(q_width, args.dim, bias=args.o_bias)
+        self.cpu_kernel = False  # FastModel sets it: attention in one C call (cpu_attention)
         # The softmax scale 1/sqrt(D) is folded into the query rows of ``wqkv`` (from_hf).
 
     def forward(
@@ -414,7 +416,8 @@ class Attention(nn.Module):
         qkv = _matmul(self.wqkv, x)
         qk = _rope(qkv[:, : (heads + kv_heads) * head_dim].view(q_len, -1, head_dim), cos, sin)
         v = qkv[:, (heads + kv_heads) * head_dim :].view(q_len, kv_heads, head_dim)
-        out = _attend(qk[:, :heads], qk[:, heads:], v, cache.k, cache.v, where, local_mask)
+        attend_fn = attend_cpu if self.cpu_kernel else _attend
+        out = attend_fn(qk[:, :heads], qk[:, heads:], v, cache.k, cache.v, where, local_mask)
         return _matmul(self.wo, out)
 
 

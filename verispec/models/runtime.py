@@ -45,6 +45,7 @@ from torch import nn
 from verispec.core.validate import boolean, integer
 from verispec.errors import ConfigError
 from verispec.models._sequence import TreeSequenceModel, layer_indices
+from verispec.models.cpu_attention import cpu_attention_available
 from verispec.models.cpu_linear import (
     BlockLinear,
     Format,
@@ -327,6 +328,10 @@ class FastModel(TreeSequenceModel):
             projections to Q4_1 and the LM head to Q8_0 first, as llama.cpp's Q4_1 files
             hold them, then read them as blocks: a *different model* (4-bit weights), for
             float32 models that do not come from such a file.
+        attention: ``"auto"`` (default): on the CPU in float32, eager, the attention runs
+            as one C call a layer (:mod:`verispec.models.cpu_attention`; its rows depend on
+            their own keys only, so tree rows still equal sequential decoding bit for bit);
+            ``"torch"``: :func:`~verispec.models.llama.attend`'s torch operators.
 
     The caches are kept across sequences (``reset`` forgets the tokens, not the
     buffers), so a second generation allocates nothing.
@@ -347,8 +352,11 @@ class FastModel(TreeSequenceModel):
         cuda_graphs: bool | str = "auto",
         keep_source: bool = True,
         weights: str = "auto",
+        attention: str = "auto",
     ) -> None:
         boolean("keep_source", keep_source)
+        if attention not in ("auto", "torch"):
+            raise ConfigError(f"`attention` must be 'auto' or 'torch'; got {attention!r}.")
         if weights not in WEIGHTS:
             raise ConfigError(f"`weights` must be one of {WEIGHTS}; got {weights!r}.")
         config = hf_model.config
@@ -404,6 +412,15 @@ class FastModel(TreeSequenceModel):
             from verispec.models._graphs import GraphedForward
 
             shared.wrapper = GraphedForward(transformer)
+        shared.cpu_attention = (
+            attention == "auto"
+            and shared.wrapper is None
+            and device.type == "cpu"
+            and transformer.compute_dtype == torch.float32
+            and cpu_attention_available(transformer.args.head_dim)
+        )
+        for block in transformer.blocks:
+            block.attention.cpu_kernel = shared.cpu_attention
         self._setup(shared, context, tuple(range(transformer.args.n_layers)))
 
     @classmethod
@@ -470,11 +487,12 @@ class FastModel(TreeSequenceModel):
     def runtime(self) -> str:
         """What runs the forward: ``"eager"``, ``"compiled"`` or ``"cuda-graphs"``, plus
         ``"+GGUF blocks"`` if products read low-bit blocks (``weights``), ``"+oneDNN"`` if
-        weights are prepacked."""
+        weights are prepacked, ``"+C attention"`` if the attention is one C call a layer."""
         wrapper = type(self._shared.wrapper).__name__
         name = {"CompiledForward": "compiled", "GraphedForward": "cuda-graphs"}.get(wrapper)
         blocks = "+GGUF blocks" if self._shared.blocks else ""
-        return (name or "eager") + blocks + ("+oneDNN" if self._shared.packed else "")
+        attention = "+C attention" if self._shared.cpu_attention else ""
+        return (name or "eager") + blocks + ("+oneDNN" if self._shared.packed else "") + attention
 
     @property
     def setup_s(self) -> float:
@@ -675,6 +693,7 @@ class _Shared:
         self.eos_token_id: Any = None
         self.packed = packed
         self.blocks = 0  # products that read GGUF blocks (FastModel's ``weights``)
+        self.cpu_attention = False  # the attention in one C call a layer (``attention``)
         self.wrapper: Any = None  # CompiledForward or GraphedForward, or None: eager
         # Tokens a pass runs on at least: oneDNN's projections need two rows (the block
         # kernel one), the attention pads its own products (llama.min_tokens).

@@ -1,0 +1,60 @@
+"""The runtime's attention on the CPU in one call per layer (``_cpu_attention.c``).
+
+:func:`~verispec.models.llama.attend` writes the attention out in about fifty torch
+operators a layer; on a small CPU their dispatch costs more than their arithmetic (0.33
+ms a layer for one token after 300, of which the products are 0.09). :func:`attend_cpu`
+does the same in one call to the C kernel built with the block products
+(:mod:`verispec.models.cpu_linear`): cache write, scores, mask, softmax and value product.
+
+Each query row is computed alone, from the keys it sees in slot order (every committed
+slot, then the local slots its mask allows), its sums accumulated key by key in that
+order: a row's bits depend only on its own keys, so a tree node equals decoding its path
+one token at a time by construction, at any context length (no value blocks to re-sum,
+see docs/runtime.rst). Its results differ from :func:`~verispec.models.llama.attend`'s by
+rounding (another summation order, its own vectorised ``exp``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.models.cpu_linear import library
+
+__all__ = ["attend_cpu", "cpu_attention_available"]
+
+
+def cpu_attention_available(head_dim: int) -> bool:
+    """Whether :func:`attend_cpu` runs here for this head dimension (a multiple of 8)."""
+    return head_dim % 8 == 0 and library() is not None
+
+
+def attend_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    where: torch.Tensor,
+    local_mask: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`~verispec.models.llama.attend` (same arguments, float32 on the CPU), in C."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are unavailable (see cpu_linear.kernel_status)")
+    start = int(where[0])
+    q_len, heads, head_dim = q.shape
+    kv_heads, capacity = k.shape[1], cache_k.shape[1]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    mask = local_mask.contiguous().view(torch.uint8)
+    out = torch.empty(q_len, heads * head_dim)
+    status = lib.vs_attend(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(),
+        capacity, q_len, heads, kv_heads, head_dim, start, mask.data_ptr(), mask.shape[1],
+        out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if status != 0:
+        raise RuntimeError(
+            f"the CPU attention refused its arguments: Q={q_len}, heads={heads}/{kv_heads}, "
+            f"head_dim={head_dim}, start={start}, capacity={capacity}, mask {tuple(mask.shape)}"
+        )
+    return out
