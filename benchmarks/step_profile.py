@@ -10,7 +10,8 @@ step size n (the root plus n - 1 tree nodes, after a ``--context``-token prompt)
 
 * **products**: the decoder layers' weight products (timed around each call);
 * **LM head**: the output product over the rows verification reads;
-* **attention**: :func:`verispec.models.llama.attend` (cache write, scores, mask, softmax,
+* **attention**: :func:`verispec.models.llama.attend` or, where it runs, the C attention
+  :func:`verispec.models.cpu_attention.attend_cpu` (cache write, scores, mask, softmax,
   value product), timed around each call;
 * **small ops**: every other torch operator (norms, rotary, residuals, SwiGLU, casts,
   embedding), the self time torch's profiler gives them;
@@ -26,6 +27,7 @@ Prints a Markdown table, with the CPU's flags.
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from collections import defaultdict
 from typing import Any
@@ -80,15 +82,20 @@ def profile_step(model: FastModel, n: int, context: int, repeats: int) -> dict[s
 
     for module in linears:
         module.forward = timed(module, "LM head" if module is head else "products")
-    attend = llama.attend
+    attentions = {name: getattr(llama, name) for name in ("attend", "attend_cpu")}
 
-    def timed_attend(*args: torch.Tensor) -> torch.Tensor:
-        start = time.perf_counter()
-        out = attend(*args)
-        spent["attention"] += time.perf_counter() - start
-        return out
+    def timed_attention(function: Any) -> Any:
+        def run(*args: torch.Tensor) -> torch.Tensor:
+            start = time.perf_counter()
+            with torch.profiler.record_function("verispec::attention"):
+                out = function(*args)
+            spent["attention"] += time.perf_counter() - start
+            return out
 
-    llama.attend = timed_attend  # type: ignore[assignment]
+        return run
+
+    for name, function in attentions.items():  # the torch operators or the C call
+        setattr(llama, name, timed_attention(function))
     generator = torch.Generator().manual_seed(0)
     try:
         model.prefill(torch.randint(model.vocab_size, (context,), generator=generator))
@@ -105,21 +112,22 @@ def profile_step(model: FastModel, n: int, context: int, repeats: int) -> dict[s
         with profile(activities=[ProfilerActivity.CPU]) as prof:  # a separate pass: its
             for _ in range(repeats):  # overhead would inflate the wall time above
                 model.forward_tree(_chain_like_tree(n - 1, generator, model.vocab_size))
-        outside = {
-            "aten::bmm",
-            "aten::exp_",
-            "aten::masked_fill_",
-            "aten::amax",
-            "aten::sub",
-            "aten::div",
-            "mkldnn::_linear_pointwise",
-        }  # fmt: skip  (attention's and the products' own operators, timed apart)
-        small = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key not in outside)
+        # Every operator's own time but the products' and the attention's (timed apart).
+        events = {e.key: e for e in prof.key_averages()}
+        small = sum(
+            e.self_cpu_time_total
+            for key, e in events.items()
+            if key not in ("verispec::attention", "mkldnn::_linear_pointwise")
+        )
+        if "verispec::attention" in events:
+            inside = events["verispec::attention"]
+            small -= inside.cpu_time_total - inside.self_cpu_time_total
         small /= 1e6
         spent.clear()
         spent.update(timed_classes)
     finally:
-        llama.attend = attend  # type: ignore[assignment]
+        for name, function in attentions.items():
+            setattr(llama, name, function)
         for module in linears:
             module.forward = originals[id(module)]
         model.reset()
@@ -138,6 +146,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--sizes", default="1,16")
     parser.add_argument("--weights", default="auto,dense")
+    parser.add_argument("--attention", default="auto", help="auto (C where it runs), torch")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--peak-gflops", type=float, default=None)
@@ -147,8 +156,10 @@ def main() -> None:
     for threads in (int(t) for t in args.threads.split(",")):
         bandwidth = read_bandwidth(threads)
         peak = args.peak_gflops or 32 * _clock_ghz() * threads
-        for weights in args.weights.split(","):
-            model = FastModel(base.hf_model, weights=weights)
+        for weights, attention in itertools.product(
+            args.weights.split(","), args.attention.split(",")
+        ):
+            model = FastModel(base.hf_model, weights=weights, attention=attention)
             layers = [
                 m
                 for m in model.transformer.layers.modules()

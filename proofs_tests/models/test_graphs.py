@@ -21,11 +21,12 @@ V = 64
 
 
 def _pair(device: str = "cpu", capture: bool = False) -> tuple[FastModel, FastModel]:
-    """(eager model, the same weights behind a GraphedForward), float32, head dim 16."""
+    """(eager model, the same weights behind a GraphedForward), float32, head dim 16; both
+    with the torch attention, as on CUDA (the C attention is the CPU's)."""
     hf = tiny_model("llama", vocab_size=V, seed=2, dtype=torch.float32, hidden_size=64)
     hf_model = hf.hf_model.to(device)
-    eager = FastModel(hf_model, cuda_graphs=False)
-    graphed = FastModel(hf_model, cuda_graphs=False)
+    eager = FastModel(hf_model, cuda_graphs=False, attention="torch")
+    graphed = FastModel(hf_model, cuda_graphs=False, attention="torch")
     graphed._shared.wrapper = GraphedForward(graphed.transformer, capture=capture)
     return eager, graphed
 

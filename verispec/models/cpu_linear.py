@@ -11,10 +11,11 @@ weight for Q4_1, 1.125 for Q8_0: 96 MB a token instead of 540). The model is the
 the weights are equal, bit for bit, and nothing is quantized.
 
 The product itself is a small C kernel (``_cpu_linear.c``; AVX2 and FMA, OpenMP), built at
-first use with the system's C compiler into ``$VERISPEC_CACHE/kernels`` and called through
-``ctypes``. Each output is one chain of fused multiply-adds over the inner dimension in
-a fixed order, so a row's result does not depend on how many rows are computed with it,
-nor on the thread count: the row invariance the runtime's tree decoding relies on
+first use with the system's C compiler into ``$VERISPEC_CACHE/kernels`` (one library with
+the attention of :mod:`verispec.models.cpu_attention`) and called through ``ctypes``.
+Each output is one chain of fused multiply-adds over the inner dimension in a fixed order,
+so a row's result does not depend on how many rows are computed with it, nor on the thread
+count: the row invariance the runtime's tree decoding relies on
 (docs/runtime.rst) holds by construction, for any row count from one. The float32 format
 runs the same chains on plain float32 weights: the reference the tests compare to, bit
 for bit.

@@ -379,14 +379,15 @@ def attend_static(
     return out.permute(2, 0, 1, 3).reshape(q_len, heads * head_dim)
 
 
-def _attend(*args: torch.Tensor) -> torch.Tensor:
-    """:func:`attend`; :func:`attend_static` when ``where`` is a 0-d tensor (CUDA graphs);
-    the opaque operator that calls :func:`attend` inside a compiled graph."""
+def _attend(*args: torch.Tensor, cpu: bool = False) -> torch.Tensor:
+    """:func:`attend`, or the C attention (``cpu``, :func:`attend_cpu`) in eager passes;
+    :func:`attend_static` when ``where`` is a 0-d tensor (CUDA graphs); the opaque operator
+    that calls :func:`attend` inside a compiled graph."""
     if args[5].dim() == 0:
         return attend_static(*args)
     if torch.compiler.is_compiling():
         return torch.ops.verispec.cached_attention(*args)  # see verispec.models._compiled
-    return attend(*args)
+    return attend_cpu(*args) if cpu else attend(*args)
 
 
 class Attention(nn.Module):
@@ -416,8 +417,16 @@ class Attention(nn.Module):
         qkv = _matmul(self.wqkv, x)
         qk = _rope(qkv[:, : (heads + kv_heads) * head_dim].view(q_len, -1, head_dim), cos, sin)
         v = qkv[:, (heads + kv_heads) * head_dim :].view(q_len, kv_heads, head_dim)
-        attend_fn = attend_cpu if self.cpu_kernel else _attend
-        out = attend_fn(qk[:, :heads], qk[:, heads:], v, cache.k, cache.v, where, local_mask)
+        out = _attend(
+            qk[:, :heads],
+            qk[:, heads:],
+            v,
+            cache.k,
+            cache.v,
+            where,
+            local_mask,
+            cpu=self.cpu_kernel,
+        )
         return _matmul(self.wo, out)
 
 
