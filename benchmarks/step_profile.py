@@ -8,6 +8,10 @@ For each thread count, weight layout (:class:`~verispec.models.FastModel`'s ``we
 step size n (the root plus n - 1 tree nodes, after a ``--context``-token prompt), it times
 ``--repeats`` steps and splits each into
 
+* **C layers**: where the decoder layers run as one C call
+  (:class:`verispec.models.cpu_layer.LayerKernel`), that call, timed around it: the
+  layers' products, attention and small operators together (the columns below then hold
+  the rest of the step only);
 * **products**: the decoder layers' weight products (timed around each call);
 * **LM head**: the output product over the rows verification reads;
 * **attention**: :func:`verispec.models.llama.attend` or, where it runs, the C attention
@@ -96,6 +100,17 @@ def profile_step(model: FastModel, n: int, context: int, repeats: int) -> dict[s
 
     for name, function in attentions.items():  # the torch operators or the C call
         setattr(llama, name, timed_attention(function))
+    kernel = model.transformer.cpu_layers
+
+    def timed_layers(*args: Any) -> torch.Tensor:
+        start = time.perf_counter()
+        out = kernel(*args)
+        spent["C layers"] += time.perf_counter() - start
+        return out
+
+    if kernel is not None:  # every layer in one C call, where it runs
+        timed_layers.subset = lambda layers: kernel.subset(layers)  # type: ignore[attr-defined]
+        model.transformer.cpu_layers = timed_layers
     generator = torch.Generator().manual_seed(0)
     try:
         model.prefill(torch.randint(model.vocab_size, (context,), generator=generator))
@@ -126,6 +141,7 @@ def profile_step(model: FastModel, n: int, context: int, repeats: int) -> dict[s
         spent.clear()
         spent.update(timed_classes)
     finally:
+        model.transformer.cpu_layers = kernel
         for name, function in attentions.items():
             setattr(llama, name, function)
         for module in linears:
@@ -136,7 +152,10 @@ def profile_step(model: FastModel, n: int, context: int, repeats: int) -> dict[s
     ms["step"] = wall / repeats * 1e3
     ms["Python and dispatch"] = max(
         0.0,
-        ms["step"] - sum(ms[k] for k in ("products", "LM head", "attention", "small ops")),
+        ms["step"]
+        - sum(
+            ms.get(k, 0.0) for k in ("products", "LM head", "attention", "small ops", "C layers")
+        ),
     )
     return ms
 
@@ -187,16 +206,18 @@ def main() -> None:
     flags = " ".join(cpu_features())
     print(f"CPU: {machine_info().get('cpu', '')}; flags: {flags}; torch {torch.__version__}")
     print(
-        "\n| threads | weights | n | step ms | products | LM head | attention | small ops "
-        "| Python/dispatch | products at roofline | head at roofline |"
+        "\n| threads | weights | n | step ms | C layers | products | LM head | attention "
+        "| small ops | Python/dispatch | products at roofline | head at roofline |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for threads, weights, runtime, n, ms, bound, _, _ in rows:
         shares = [
             f"{bound[k] / ms[k]:.0%} of {bound[k]:.1f}" if ms.get(k) else "-"
             for k in ("products", "LM head")
         ]
-        cells = [ms.get(k, 0.0) for k in ("products", "LM head", "attention", "small ops")]
+        cells = [
+            ms.get(k, 0.0) for k in ("C layers", "products", "LM head", "attention", "small ops")
+        ]
         print(
             f"| {threads} | {weights} ({runtime}) | {n} | {ms['step']:.1f} | "
             + " | ".join(f"{c:.1f}" for c in cells)

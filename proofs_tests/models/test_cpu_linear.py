@@ -135,7 +135,8 @@ def test_q4_1_model_reads_every_matrix_as_blocks() -> None:
     """weights='q4_1' rounds every matrix and reads it as blocks: no dense product is left,
     and a one-token pass runs on one row."""
     model = blocks_model()
-    assert model.runtime == "eager+GGUF blocks+C attention"
+    assert model.runtime == "eager+GGUF blocks+C layers"
+    assert model.transformer.cpu_layers is not None
     linears = [m for m in model.transformer.modules() if isinstance(m, nn.Linear | BlockLinear)]
     assert linears and all(isinstance(m, BlockLinear) for m in linears)
     assert model.transformer.output.fmt == "q8_0"
@@ -151,7 +152,7 @@ def test_block_tree_rows_are_bitwise_sequential(
 ) -> None:
     """On block products, each tree row is bit for bit the row that decoding its path one
     token at a time gives (single-token passes are not padded any more: the torch attention
-    pads its own products), with the C attention and with torch's."""
+    pads its own products), with each layer in one C call and with torch's operators."""
     model = blocks_model(attention=attention)
     model.prefill(torch.tensor(prompt))
     assert torch.equal(model.forward_tree(tree), tree_reference(model, prompt, tree))
@@ -272,3 +273,68 @@ def test_c_attention_row_depends_only_on_its_keys() -> None:
             chain[:3, :3],
         ),
     )
+
+
+def _layer_inputs(model: FastModel, queries: int, seed: int) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    args = model.transformer.args
+    x = torch.randn(queries, args.dim, generator=g)
+    positions = torch.arange(40, 40 + queries)
+    cos, sin = model.transformer.rope_cos[positions], model.transformer.rope_sin[positions]
+    mask = (torch.rand(queries, queries, generator=g) < 0.5).tril() | torch.eye(queries).bool()
+    return x, cos, sin, torch.tensor([40, 40 + queries]), mask
+
+
+@needs_kernel
+@pytest.mark.parametrize("queries", [1, 2, 3, 5, 16])
+def test_c_layers_equal_the_torch_blocks(queries: int) -> None:
+    """LayerKernel gives the layers' output to rounding and writes the same cache entries to
+    rounding, for a tree mask after 40 committed slots, on a 4-bit tiny Llama (every layer,
+    and a self-draft's subset of them)."""
+    model = blocks_model()
+    transformer = model.transformer
+    kernel = transformer.cpu_layers
+    assert kernel is not None
+    x, cos, sin, where, mask = _layer_inputs(model, queries, seed=queries)
+    layers = len(transformer.blocks)
+    for subset in (list(range(layers)), [layers - 1]):
+        caches = transformer.setup_caches(64, num_layers=2 * len(subset))
+        for i, cache in enumerate(caches):
+            cache.k.normal_(generator=torch.Generator().manual_seed(i % len(subset)))
+        ours, theirs = caches[: len(subset)], caches[len(subset) :]
+        got = kernel.subset(subset)(x, cos, sin, ours, where, mask)
+        expected = x
+        for i, cache in zip(subset, theirs, strict=True):
+            block = transformer.blocks[i]
+            block.attention.cpu_kernel = False
+            try:
+                expected = block(expected, cos, sin, cache, where, mask)
+            finally:
+                block.attention.cpu_kernel = True
+        assert (got - expected).abs().max().item() < 1e-4 * expected.abs().max().item()
+        for a, b in zip(ours, theirs, strict=True):
+            assert (a.k - b.k).abs().max().item() < 1e-4
+            assert (a.v - b.v).abs().max().item() < 1e-4
+
+
+@needs_kernel
+def test_c_layers_read_replaced_weights() -> None:
+    """A product whose blocks are replaced is read from the new tensor on the next call
+    (the kernel keeps no stale pointer)."""
+    model = blocks_model()
+    kernel = model.transformer.cpu_layers.subset([1])
+    x, cos, sin, where, mask = _layer_inputs(model, 2, seed=0)
+    caches = model.transformer.setup_caches(64, num_layers=1)
+    before = kernel(x, cos, sin, caches, where, mask)
+    down = model.transformer.blocks[1].feed_forward.w2
+    original = down.blocks
+    try:
+        other = _linear(down.out_features, down.in_features, "q4_1")
+        replacement = BlockLinear.from_linear(other, ("q4_1",))
+        assert replacement is not None
+        down.blocks = replacement.blocks
+        after = kernel(x, cos, sin, caches, where, mask)
+    finally:
+        down.blocks = original
+    assert not torch.equal(before, after)
+    assert torch.equal(kernel(x, cos, sin, caches, where, mask), before)

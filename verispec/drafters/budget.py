@@ -281,8 +281,8 @@ def _measure_row(
 
 
 def device_key(model: Any) -> str:
-    """A name for what a latency table describes: model, dtype, device, CPU threads and the
-    class (and runtime variant) that runs the forward."""
+    """A name for what a latency table describes: model, dtype, device, CPU threads, the
+    class (and runtime variant) that runs the forward and the source of its C kernels."""
     config = getattr(model, "config", None)
     name = str(getattr(config, "_name_or_path", "") or getattr(config, "model_type", "")) or (
         type(model).__name__
@@ -296,7 +296,10 @@ def device_key(model: Any) -> str:
         where = f"{platform.machine()}-{platform.processor() or 'cpu'}-{torch.get_num_threads()}t"
     shape = f"V{getattr(model, 'vocab_size', '?')}-L{len(layers) if layers else '?'}"
     runtime = type(model).__name__ + (f"-{model.runtime}" if hasattr(model, "runtime") else "")
-    return f"{name}|{shape}|{dtype}|{device.type}|{where}|{runtime}"
+    kernels = getattr(model, "kernel_id", "")  # the C kernels' source, where they run
+    return f"{name}|{shape}|{dtype}|{device.type}|{where}|{runtime}" + (
+        f"|kernels-{kernels}" if kernels else ""
+    )
 
 
 def latency_for(

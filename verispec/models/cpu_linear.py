@@ -13,10 +13,12 @@ the weights are equal, bit for bit, and nothing is quantized.
 The product itself is a small C kernel (``_cpu_linear.c``; AVX2 and FMA, OpenMP), built at
 first use with the system's C compiler into ``$VERISPEC_CACHE/kernels`` (one library with
 the attention of :mod:`verispec.models.cpu_attention`) and called through ``ctypes``.
-Each output is one chain of fused multiply-adds over the inner dimension in a fixed order,
-so a row's result does not depend on how many rows are computed with it, nor on the thread
-count: the row invariance the runtime's tree decoding relies on
-(docs/runtime.rst) holds by construction, for any row count from one. The float32 format
+Each output is summed in one fixed order (four partial sums, each a chain of fused
+multiply-adds over its quarter of every block of 32, then one fixed combination), so a
+row's result does not depend on how many rows are computed with it, on whether the
+weights are widened in registers (up to four rows) or in a buffer, nor on the thread
+count: the row invariance the runtime's tree decoding relies on (docs/runtime.rst) holds
+by construction, for any row count from one. The float32 format
 runs the same chains on plain float32 weights: the reference the tests compare to, bit
 for bit.
 
@@ -35,7 +37,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -51,6 +53,7 @@ __all__ = [
     "library",
     "quantize_blocks",
     "recover_blocks",
+    "source_id",
 ]
 
 Format = Literal["float32", "q4_1", "q8_0"]
@@ -58,7 +61,10 @@ FORMATS: dict[str, int] = {"float32": 0, "q4_1": 1, "q8_0": 2}
 """The weight formats the kernel reads, by name, with the C code's number for each."""
 _BLOCK = 32  # weights per block, both formats
 _BLOCK_BYTES = {"q4_1": 24, "q8_0": 36}  # float d, float m, 16 nibble bytes / float d, 32 int8
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("_cpu_linear.c", "_cpu_attention.c"))
+_SOURCES = tuple(
+    Path(__file__).with_name(n) for n in ("_cpu_linear.c", "_cpu_attention.c", "_cpu_layer.c")
+)
+_HEADERS = (Path(__file__).with_name("_cpu_simd.h"),)
 _STATE: dict[str, object] = {}
 
 
@@ -74,9 +80,15 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def source_id() -> str:
+    """A short hash of the kernels' C sources: what a timing measured with them depends on
+    (latency tables name it, so a changed kernel is measured again)."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)).hexdigest()[:12]
+
+
 def _build() -> ctypes.CDLL:
-    """Compile the kernels (``_cpu_linear.c``, ``_cpu_attention.c``) for this CPU (once per
-    source, CPU and compiler) into one library and load it."""
+    """Compile the kernels (``_cpu_linear.c``, ``_cpu_attention.c``, ``_cpu_layer.c``) for
+    this CPU (once per source, CPU and compiler) into one library and load it."""
     if platform.machine() not in ("x86_64", "AMD64"):
         raise RuntimeError(f"the kernel is written for x86-64; this is {platform.machine()}")
     missing = {"avx2", "fma"} - cpu_flags()
@@ -85,7 +97,7 @@ def _build() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc or gcc) on the PATH")
-    source = b"".join(path.read_bytes() for path in _SOURCES)
+    source = b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     flags = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
     key = hashlib.sha256(
@@ -113,6 +125,9 @@ def _build() -> ctypes.CDLL:
     lib.vs_block_bytes.argtypes = [ctypes.c_int]
     lib.vs_attend.argtypes = [ptr] * 5 + [i64] * 6 + [ptr, i64, ptr, ctypes.c_int]
     lib.vs_attend.restype = ctypes.c_int
+    layers: list[Any] = [i64, ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr, ptr, ptr, ptr, ptr]
+    lib.vs_layers.argtypes = layers + [i64] * 5 + [ptr, i64, ctypes.c_int]
+    lib.vs_layers.restype = ctypes.c_int
     for name, size in _BLOCK_BYTES.items():
         if lib.vs_block_bytes(FORMATS[name]) != size:  # the C struct layout is what we write
             raise RuntimeError(f"the built kernel's {name} block is not {size} bytes")
@@ -161,7 +176,8 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
 
     The scale of each block is found from its extremes, to a few float32 ulps (the exact
     one was rounded through float16 and, for the query rows, scaled by a power of two),
-    and every candidate is checked on every weight of the block.
+    and every candidate is checked on every weight of the block, with each code times the
+    scale exact in float32 (so the kernel's fused widening gives the same bits).
     """
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % _BLOCK:
         return None
@@ -186,8 +202,13 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
         safe = torch.where(candidate == 0, torch.ones_like(candidate), candidate)
         q = torch.round((blocks[open_] - low[open_]) / safe)  # constant blocks: q = 0
         q = q.clamp(0, levels) if fmt == "q4_1" else q.clamp(-levels, levels)
-        widened = q * candidate + low[open_] if fmt == "q4_1" else q * candidate
-        exact = (widened == blocks[open_]).all(-1)
+        product = q * candidate
+        widened = product + low[open_] if fmt == "q4_1" else product
+        # ... and the code times the scale exact in float32, so that the kernel's fused
+        # ``q * d + m`` (one rounding) widens to the same bits as this (two roundings).
+        exact = (widened == blocks[open_]).all(-1) & (
+            product.double() == q.double() * candidate.double()
+        ).all(-1)
         scale[open_[exact]], codes[open_[exact]] = candidate[exact], q[exact]
         open_ = open_[~exact]
         if open_.numel() == 0:
@@ -290,7 +311,7 @@ class BlockLinear(nn.Module):
             return None
         for fmt in formats:
             blocks = weight.contiguous() if fmt == "float32" else recover_blocks(weight, fmt)
-            if blocks is not None and (fmt != "float32" or weight.shape[1] % 8 == 0):
+            if blocks is not None and weight.shape[1] % _BLOCK == 0:
                 return cls(fmt, blocks, linear.in_features, linear.out_features, linear.bias)
         return None
 

@@ -485,6 +485,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # FastModel sets it: every layer in one C call a forward (verispec.models.cpu_layer)
+        self.cpu_layers: Any = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)  # (positions, D)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
 
@@ -538,6 +540,9 @@ class Transformer(nn.Module):
         """
         x = self.tok_embeddings(tokens).to(self.compute_dtype)  # (Q, E)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        if self.cpu_layers is not None and not torch.compiler.is_compiling():
+            kernel = self.cpu_layers if layers is None else self.cpu_layers.subset(layers)
+            return self.norm(kernel(x, cos, sin, caches, where, local_mask))
         blocks = self.blocks if layers is None else [self.blocks[i] for i in layers]
         for block, cache in zip(blocks, caches, strict=True):
             x = block(x, cos, sin, cache, where, local_mask)

@@ -46,12 +46,14 @@ from verispec.core.validate import boolean, integer
 from verispec.errors import ConfigError
 from verispec.models._sequence import TreeSequenceModel, layer_indices
 from verispec.models.cpu_attention import cpu_attention_available
+from verispec.models.cpu_layer import LayerKernel
 from verispec.models.cpu_linear import (
     BlockLinear,
     Format,
     cpu_flags,
     kernel_status,
     quantize_blocks,
+    source_id,
 )
 from verispec.models.llama import (
     MIN_PRODUCT_ROWS,
@@ -421,6 +423,9 @@ class FastModel(TreeSequenceModel):
         )
         for block in transformer.blocks:
             block.attention.cpu_kernel = shared.cpu_attention
+        if shared.cpu_attention:  # every layer in one C call, where the blocks allow it
+            transformer.cpu_layers = LayerKernel.for_blocks(transformer.blocks)
+        shared.cpu_layers = transformer.cpu_layers is not None
         self._setup(shared, context, tuple(range(transformer.args.n_layers)))
 
     @classmethod
@@ -491,8 +496,20 @@ class FastModel(TreeSequenceModel):
         wrapper = type(self._shared.wrapper).__name__
         name = {"CompiledForward": "compiled", "GraphedForward": "cuda-graphs"}.get(wrapper)
         blocks = "+GGUF blocks" if self._shared.blocks else ""
-        attention = "+C attention" if self._shared.cpu_attention else ""
+        attention = (
+            "+C layers"
+            if self._shared.cpu_layers
+            else "+C attention"
+            if self._shared.cpu_attention
+            else ""
+        )
         return (name or "eager") + blocks + ("+oneDNN" if self._shared.packed else "") + attention
+
+    @property
+    def kernel_id(self) -> str:
+        """The C kernels' source hash (:func:`~verispec.models.cpu_linear.source_id`) where
+        the forward runs them, else ``""``: latency tables are keyed by it."""
+        return source_id() if self._shared.blocks or self._shared.cpu_attention else ""
 
     @property
     def setup_s(self) -> float:
@@ -694,6 +711,7 @@ class _Shared:
         self.packed = packed
         self.blocks = 0  # products that read GGUF blocks (FastModel's ``weights``)
         self.cpu_attention = False  # the attention in one C call a layer (``attention``)
+        self.cpu_layers = False  # ... and, with every product in blocks, the whole layer
         self.wrapper: Any = None  # CompiledForward or GraphedForward, or None: eager
         # Tokens a pass runs on at least: oneDNN's projections need two rows (the block
         # kernel one), the attention pads its own products (llama.min_tokens).

@@ -1,0 +1,139 @@
+/* One decoder layer of the runtime's Llama (verispec/models/llama.py, Block) in one C call:
+ * RMSNorm, the fused query/key/value product, rotary positions, the attention
+ * (_cpu_attention.c), the output product and residual, RMSNorm, the gate/up product,
+ * SwiGLU, the down product and residual. On a small CPU the ~15 torch operators a layer
+ * spends around its products and attention cost more in dispatch than in arithmetic.
+ *
+ * Built with _cpu_linear.c and _cpu_attention.c into one library
+ * (verispec/models/cpu_linear.py). Every step works on one token row at a time (the
+ * products and the attention are row-invariant, the norms, rotary, SwiGLU and residuals
+ * are per row), so a row's bits depend on that row's input and the keys it sees only:
+ * tree rows equal one-token-at-a-time decoding by construction. The rotary product and the
+ * residual additions are the same IEEE operations as the torch forward's; the norm's sum
+ * of squares and SiLU's exp are this file's own (results differ from the torch forward by
+ * rounding).
+ *
+ * Layouts (float32, row-major): x (Q, E), updated in place; cos, sin (Q, D); caches and
+ * mask as for vs_attend. Weights: vs_weights records as vs_linear reads them.
+ */
+#include "_cpu_simd.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int64_t kind; /* vs_linear's format number */
+    const void *weight;
+    const float *bias; /* or NULL */
+    int64_t n, k;      /* output and input widths */
+} vs_weights;
+
+int vs_linear(int kind, const float *x, int64_t M, int64_t K, const void *weight, int64_t N,
+              const float *bias, float *y, int threads);
+int vs_attend(const float *q, const float *k, const float *v, float *cache_k, float *cache_v,
+              int64_t cap, int64_t Q, int64_t H, int64_t Hkv, int64_t D, int64_t start,
+              const uint8_t *mask, int64_t W, float *out, int threads);
+
+static int product(const vs_weights *w, const float *x, int64_t Q, float *y, int threads) {
+    return vs_linear((int)w->kind, x, Q, w->k, w->weight, w->n, w->bias, y, threads);
+}
+
+/* out = x * (1 / sqrt(mean(x^2) + eps)) * weight, per row; E a multiple of 8. */
+static void rms_norm(const float *x, int64_t Q, int64_t E, const float *weight, float eps,
+                     float *out) {
+    for (int64_t r = 0; r < Q; r++) {
+        const float *xr = x + r * E;
+        __m256 ss = _mm256_setzero_ps();
+        for (int64_t i = 0; i < E; i += 8) {
+            const __m256 v = _mm256_loadu_ps(xr + i);
+            ss = _mm256_fmadd_ps(v, v, ss);
+        }
+        const __m256 scale = _mm256_set1_ps(1.0f / sqrtf(hsum8(ss) / (float)E + eps));
+        for (int64_t i = 0; i < E; i += 8)
+            _mm256_storeu_ps(out + r * E + i,
+                             _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), scale),
+                                           _mm256_loadu_ps(weight + i)));
+    }
+}
+
+/* Rotate-half rotary embedding of `heads` heads of width D in place:
+ * x * cos + rotate_half(x) * sin, two products and a sum, as the torch forward does. */
+static void rope(float *x, int64_t heads, int64_t D, const float *cos, const float *sin) {
+    const int64_t half = D / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        float *v = x + h * D;
+        for (int64_t i = 0; i < half; i++) {
+            const float a = v[i], b = v[i + half];
+            v[i] = a * cos[i] + (-b) * sin[i];
+            v[i + half] = b * cos[i + half] + a * sin[i + half];
+        }
+    }
+}
+
+/* silu(g) * u, eight at a time: g * sigmoid(g), sigmoid from exp(-|g|). */
+static void swiglu(const float *gate, const float *up, int64_t F, float *out) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < F; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp8(_mm256_or_ps(g, sign)); /* exp(-|g|) <= 1 */
+        const __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, e));
+        const __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+        const __m256 sig = _mm256_blendv_ps(inv, _mm256_mul_ps(e, inv), neg);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+    }
+}
+
+/* x (Q, E) <- the layer's output. w[0..3]: wqkv, wo, w13, w2. Returns 0, or -1 on bad
+ * arguments or no memory (x may then be half-updated: the caller raises). */
+int vs_layer(float *x, int64_t Q, int64_t E, const float *attn_norm, const float *ffn_norm,
+             float eps, const vs_weights *w, const float *cos, const float *sin,
+             float *cache_k, float *cache_v, int64_t cap, int64_t H, int64_t Hkv, int64_t D,
+             int64_t start, const uint8_t *mask, int64_t W, int threads) {
+    const int64_t qw = H * D, kvw = Hkv * D, width = qw + 2 * kvw, F = w[3].k;
+    if (E % 8 != 0 || D % 8 != 0 || F % 8 != 0 || w[0].k != E || w[0].n != width ||
+        w[1].k != qw || w[1].n != E || w[2].k != E || w[2].n != 2 * F || w[3].n != E)
+        return -1;
+    const int64_t total = Q * (E + width + qw + 2 * kvw + qw + E + 2 * F + F);
+    float *buf = NULL;
+    if (posix_memalign((void **)&buf, 64, (size_t)total * 4) != 0) return -1;
+    float *h = buf, *qkv = h + Q * E, *q = qkv + Q * width, *k = q + Q * qw, *v = k + Q * kvw;
+    float *att = v + Q * kvw, *o = att + Q * qw, *gu = o + Q * E, *act = gu + Q * 2 * F;
+    int status = 0;
+    rms_norm(x, Q, E, attn_norm, eps, h);
+    status |= product(&w[0], h, Q, qkv, threads);
+    for (int64_t r = 0; r < Q; r++) {
+        float *row = qkv + r * width;
+        rope(row, H + Hkv, D, cos + r * D, sin + r * D);
+        memcpy(q + r * qw, row, qw * 4);
+        memcpy(k + r * kvw, row + qw, kvw * 4);
+        memcpy(v + r * kvw, row + qw + kvw, kvw * 4);
+    }
+    status |= vs_attend(q, k, v, cache_k, cache_v, cap, Q, H, Hkv, D, start, mask, W, att, threads);
+    status |= product(&w[1], att, Q, o, threads);
+    if (status == 0) {
+        for (int64_t i = 0; i < Q * E; i++) x[i] = x[i] + o[i];
+        rms_norm(x, Q, E, ffn_norm, eps, h);
+        status |= product(&w[2], h, Q, gu, threads);
+        for (int64_t r = 0; r < Q; r++) swiglu(gu + r * 2 * F, gu + r * 2 * F + F, F, act + r * F);
+        status |= product(&w[3], act, Q, o, threads);
+        if (status == 0)
+            for (int64_t i = 0; i < Q * E; i++) x[i] = x[i] + o[i];
+    }
+    free(buf);
+    return status ? -1 : 0;
+}
+
+/* Layers 0..L-1 in order on x: vs_layer with layer l's norms, its four weight records
+ * (w[4 l .. 4 l + 3]) and its caches. One call for a whole forward. */
+int vs_layers(int64_t L, float *x, int64_t Q, int64_t E, const float *const *attn_norms,
+              const float *const *ffn_norms, float eps, const vs_weights *w, const float *cos,
+              const float *sin, float *const *cache_k, float *const *cache_v, int64_t cap,
+              int64_t H, int64_t Hkv, int64_t D, int64_t start, const uint8_t *mask, int64_t W,
+              int threads) {
+    for (int64_t l = 0; l < L; l++)
+        if (vs_layer(x, Q, E, attn_norms[l], ffn_norms[l], eps, w + 4 * l, cos, sin, cache_k[l],
+                     cache_v[l], cap, H, Hkv, D, start, mask, W, threads) != 0)
+            return -1;
+    return 0;
+}
