@@ -356,6 +356,26 @@ def test_auto_budget_follows_the_latency_table() -> None:
     assert drafter.propose(_state([3])).num_nodes == max(range(21), key=lambda n: (rate[n], -n))
 
 
+def test_auto_budget_narrows_the_beam_to_the_chosen_sizes() -> None:
+    """After budget='auto' chooses no node, the next search is 8 wide (not max_budget), so a
+    table that now makes every node free gets at most 8; it widens to 2 n + 8 from there
+    back to max_budget, and reset() restores the full width."""
+    steep = LatencyTable([0, 1, 64], [1.0, 100.0, 6400.0])
+    drafter = DynamicTokenRecycling("auto", k=2, fusion=False, latency=steep, max_budget=40,
+                                    vocab_size=30)  # fmt: skip
+    _fill(drafter, 30, 1)
+    assert drafter.propose(_state([3])).num_nodes == 0
+    drafter.latency = LatencyTable([0, 64], [1.0, 1.0])  # nodes now free
+    sizes = [drafter.propose(_state([3])).num_nodes for _ in range(4)]
+    assert sizes[0] == 8 and sizes[1] == min(24, sizes[-1]) and sizes[-1] > 24
+    drafter.latency = steep
+    drafter.propose(_state([3]))
+    drafter.reset()
+    _fill(drafter, 30, 1)
+    drafter.latency = LatencyTable([0, 64], [1.0, 1.0])
+    assert drafter.propose(_state([3])).num_nodes > 8
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -44,7 +44,10 @@ accepted 10-12% of the time where their pooled calibration predicted 14-17%.
 
 **Budget.** A fixed ``budget=N``, or ``budget="auto"``: the prefix of the value order
 that maximises ``(1 + sum of values) / T(n)`` with ``T`` the target's measured latency
-(:mod:`verispec.drafters.budget`).
+(:mod:`verispec.drafters.budget`). With ``"auto"`` the candidates are searched no wider
+than ``2 n + 8`` for the last chosen ``n`` (up to ``max_budget``): where the rule keeps
+choosing one or two nodes (a CPU whose tree steps cost several single-token steps), the
+beam stays narrow and cheap, and it widens again as soon as larger trees are chosen.
 
 Exactness: the tree is a function of the drafter's state (matrix, calibration, context),
 which only changes in ``observe``; it never depends on the current step's random draws.
@@ -216,6 +219,8 @@ class DynamicTokenRecycling:
         self._shared = [calibration.fresh() for calibration in self._sources]
         self._last: tuple[DraftTree, torch.Tensor] | None = None  # the tree and its cells
         self.last_values = torch.empty(0, dtype=torch.float64)  # values of the last tree's nodes
+        # budget="auto": the beam's width follows the sizes the rule chooses (see propose)
+        self._auto_width = self.max_budget
         if vocab_size is not None:
             self._allocate(vocab_size)
 
@@ -249,6 +254,7 @@ class DynamicTokenRecycling:
         self.suffix.reset()
         for calibration in self._shared:
             calibration.reset()
+        self._auto_width = self.max_budget
         self._last = None
 
     def remember(self, tokens: list[int]) -> None:
@@ -330,6 +336,8 @@ class DynamicTokenRecycling:
     def propose(self, state: DecodeState) -> DraftTree:
         """The most valuable connected tree of the budget's size (see the module notes)."""
         width = min(self.max_budget, state.max_nodes)
+        if self.budget == "auto":  # no wider than twice the last chosen size, plus 8
+            width = min(width, self._auto_width)
         depth_cap = min(self.max_depth, max(width, 1))
         cands = self._recycled(state.tokens[-1], width, depth_cap)
         if width > 0 and cands.num_nodes > width:  # the top `width` of the beam: a connected tree
@@ -344,6 +352,7 @@ class DynamicTokenRecycling:
         if self.budget == "auto":
             assert self.latency is not None
             n = choose_budget(cands.values[order][:width], self.latency, context=len(state.tokens))
+            self._auto_width = min(self.max_budget, 2 * n + 8)
         else:
             n = int(self.budget)
         tree, kept = subtree(cands, order[: min(n, width)])
