@@ -300,7 +300,9 @@ def test_c_layers_equal_the_torch_blocks(queries: int) -> None:
     for subset in (list(range(layers)), [layers - 1]):
         caches = transformer.setup_caches(64, num_layers=2 * len(subset))
         for i, cache in enumerate(caches):
-            cache.k.normal_(generator=torch.Generator().manual_seed(i % len(subset)))
+            seed = i % len(subset)  # layer j's two caches start equal
+            cache.k.normal_(generator=torch.Generator().manual_seed(seed))
+            cache.v[..., :-1].normal_(generator=torch.Generator().manual_seed(100 + seed))
         ours, theirs = caches[: len(subset)], caches[len(subset) :]
         got = kernel.subset(subset)(x, cos, sin, ours, where, mask)
         expected = x
