@@ -19,6 +19,7 @@ from torch import nn
 from verispec.core import DraftTree
 from verispec.errors import ConfigError
 from verispec.models import FastModel, tiny_model
+from verispec.models.runtime import PROMPT_PASS_TOKENS
 from verispec.models.cpu_linear import (
     BlockLinear,
     kernel_status,
@@ -172,6 +173,63 @@ def test_block_tree_rows_across_a_value_block(prompt: list[int], tree: DraftTree
     model = blocks_model(512, attention="torch")
     model.prefill(torch.tensor(prompt))
     assert torch.equal(model.forward_tree(tree), decoded_tree_reference(model, prompt, tree))
+
+
+@needs_kernel
+@settings(max_examples=6, deadline=None)
+@given(
+    prompt=st.integers(PROMPT_PASS_TOKENS + 1, 90).flatmap(
+        lambda n: st.lists(st.integers(0, V - 1), min_size=n, max_size=n)
+    ),
+    tree=draft_trees(V, max_nodes=14),
+)
+def test_block_tree_rows_after_a_prompt_pass(prompt: list[int], tree: DraftTree) -> None:
+    """After a prompt long enough for the prompt pass (GEMMs and fused attention, whose rows
+    are not row-invariant), each tree row is still bit for bit the row greedy decoding
+    computes from the same prefill, with every layer in one C call."""
+    model = blocks_model()
+    model.prefill(torch.tensor(prompt))
+    assert torch.equal(model.forward_tree(tree), decoded_tree_reference(model, prompt, tree))
+
+
+@needs_kernel
+def test_the_prompt_pass_equals_the_tree_kernels_prefill_to_rounding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 300-token prompt (a 512-token chunk and no more) prefilled by the prompt pass, its
+    GEMMs over widened blocks and its fused attention both used, leaves the cache entries
+    and the root's logits of a prefill on the tree kernels, to rounding."""
+    import verispec.models.llama as llama
+    import verispec.models.runtime as runtime
+
+    calls = {"attention": 0, "widened": 0}
+
+    def counted(name: str, function):  # type: ignore[no-untyped-def]
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(llama, "attend_prompt", counted("attention", llama.attend_prompt))
+    monkeypatch.setattr(
+        BlockLinear, "dequantized", counted("widened", BlockLinear.dequantized)
+    )
+    model = blocks_model(512)
+    prompt = torch.randint(0, V, (300,), generator=torch.Generator().manual_seed(3))
+    model.prefill(prompt)
+    layers = len(model.transformer.blocks)
+    assert calls == {"attention": layers, "widened": 4 * layers}  # qkv, o, w13, w2 a layer
+    fast_root = model.forward_tree(DraftTree.empty())[0]
+    monkeypatch.setattr(runtime, "PROMPT_PASS_TOKENS", 10**9)
+    view = model.self_draft(model.layer_indices)  # same weights, own cache
+    view.prefill(prompt)
+    assert calls == {"attention": layers, "widened": 4 * layers}  # the tree kernels only
+    root = view.forward_tree(DraftTree.empty())[0]
+    assert (fast_root - root).abs().max().item() < 1e-4 * root.abs().max().item()
+    for (k, v), (k_ref, v_ref) in zip(model.kv_cache(), view.kv_cache(), strict=True):
+        assert (k - k_ref).abs().max().item() < 1e-4 * k_ref.abs().max().item()
+        assert (v - v_ref).abs().max().item() < 1e-4 * v_ref.abs().max().item()
 
 
 def test_weights_choices_are_checked() -> None:

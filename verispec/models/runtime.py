@@ -36,6 +36,7 @@ Shape glossary: N tree nodes, V vocabulary, Q fed tokens, E model width.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,6 +88,11 @@ longer passes (prefill chunks, shared by every method) run eagerly."""
 _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
 _COMPILED_CAPACITY = 4096  # compiled mode's first allocation (a new capacity recompiles)
 _PREFILL_CHUNK = 512  # prompt tokens per prefill pass (bounds the score matrix)
+PROMPT_PASS_TOKENS = 32
+"""A prefill chunk of at least this many tokens runs as a prompt pass
+(:mod:`verispec.models._prompt`): float32 GEMMs over the widened blocks and one fused
+attention call. Shorter ones run the tree kernels: widening a matrix costs about as much
+as a few rows of its product, and their rows stay equal to one-token decoding's."""
 _SLOT_ALIGN = VALUE_BLOCK  # attended slots are padded to whole value blocks (see _feed_once)
 
 
@@ -592,8 +598,9 @@ class FastModel(TreeSequenceModel):
                 causal = torch.ones(last - first, last - first, dtype=torch.bool).tril_()
                 rows = keep_rows if last == queries else 0
                 logits = self._feed_once(
-                    tokens[first:last], positions[first:last], visible + first, causal, rows
-                )
+                    tokens[first:last], positions[first:last], visible + first, causal, rows,
+                    prompt=last - first >= PROMPT_PASS_TOKENS,
+                )  # fmt: skip
             return logits
         return self._feed_once(tokens, positions, visible, local_mask, keep_rows)
 
@@ -605,7 +612,11 @@ class FastModel(TreeSequenceModel):
         visible: int,
         local_mask: torch.Tensor,
         keep_rows: int | None,
+        *,
+        prompt: bool = False,
     ) -> torch.Tensor:
+        """One pass; ``prompt``: a prefill chunk (eager, dense products, see
+        :meth:`~verispec.models.llama.Transformer.forward`)."""
         queries, width = local_mask.shape
         # Pad to the bucket: pad tokens attend only to themselves, and their slots, after
         # the real ones, are masked for every real token.
@@ -626,6 +637,8 @@ class FastModel(TreeSequenceModel):
         self._reserve(length)
         where = torch.tensor([start, length])
         forward = self._shared.wrapper or self.transformer
+        if prompt:
+            forward = functools.partial(self.transformer, prompt=True)
         with torch.inference_mode():
             hidden = forward(
                 tokens.to(self.device, non_blocking=True),
