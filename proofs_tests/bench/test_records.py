@@ -234,7 +234,7 @@ _QUESTIONS = [
     {"question_id": 4, "category": "code", "turns": ["Write a loop."]},
 ]
 _TIMING = {"seconds", "tokens_per_s", "speedup_vs_hf", "speedup_vs_ar", "time_split"}
-_TIMING |= {"peak_memory_mib", "machine"}
+_TIMING |= {"peak_memory_mib", "machine", "prefill_s", "prefill_tokens_per_s"}
 
 
 def _content(data: Any) -> Any:

@@ -41,15 +41,15 @@ def _run(temperature: float = 0.0) -> BenchRun:
     """Two questions (qa, math), methods hf / ar / tr; tr differs from hf once."""
     specs = parse_methods("hf,ar,tr:template=16", METHODS)
     questions = (Question(1, "qa", ("q",)), Question(2, "math", ("m",)))
+    tr_first = {"committed": 4, "tree_nodes": 32, "draft_s": 0.1, "verify_s": 0.05}
+    tr_first["prefill_s"] = 0.04
     answers = {
         ("hf", 1): _result([1, 2, 3, 4], 2.0, 4, verify_s=None, tree_nodes=None),
         ("hf", 2): _result([5, 6], 1.0, 2, verify_s=None, tree_nodes=None),
-        ("ar", 1): _result([1, 2, 3, 4], 1.0, 4),
-        ("ar", 2): _result([5, 6], 1.0, 2),
-        ("tr:template=16", 1): _result(
-            [1, 2, 3, 4], 0.5, 2, committed=4, tree_nodes=32, draft_s=0.1, verify_s=0.05
-        ),
-        ("tr:template=16", 2): _result([5, 7], 0.5, 1, committed=3, tree_nodes=16),
+        ("ar", 1): _result([1, 2, 3, 4], 1.0, 4, prefill_s=0.05),
+        ("ar", 2): _result([5, 6], 1.0, 2, prefill_s=0.05),
+        ("tr:template=16", 1): _result([1, 2, 3, 4], 0.5, 2, **tr_first),
+        ("tr:template=16", 2): _result([5, 7], 0.5, 1, committed=3, tree_nodes=16, prefill_s=0.01),
     }
     records = tuple(
         TurnRecord(q.question_id, q.category, 0, label, 10, answers[(label, q.question_id)])
@@ -78,6 +78,10 @@ def test_figures_are_sums_over_answers() -> None:
         {"method": "tr:template=16", "question_id": 2, "turn": 0, "first_diff": 1}
     ]
     assert tr.peak_memory_mib == pytest.approx(100.0)
+    # prompt tokens (10 an answer) over the prompts' forwards; not measured for hf here
+    assert ar.prefill_tokens_per_s == pytest.approx(20 / 0.1)
+    assert tr.prefill_tokens_per_s == pytest.approx(20 / 0.05)
+    assert hf.prefill_tokens_per_s is None
 
 
 def test_time_split_keeps_what_is_known() -> None:
@@ -127,7 +131,7 @@ def test_sampling_runs_compare_verispec_methods_with_ar_at_the_same_seed() -> No
     assert report.methods["tr:template=16"].speedup_vs_ar == pytest.approx(2.0)
     assert "same seed" in render_markdown(report)
     rows = {line.split()[0]: line.split() for line in render_table(report).splitlines()[2:]}
-    assert rows["tr:template=16"][7] == "1/2" and rows["hf"][7] == "-"
+    assert rows["tr:template=16"][8] == "1/2" and rows["hf"][8] == "-"
 
 
 def test_sampling_run_without_ar_has_no_reference() -> None:
@@ -144,11 +148,12 @@ def test_terminal_table_lists_every_method_with_its_figures() -> None:
     """The table has a header, a rule and one aligned row per method."""
     table = render_table(summarise(_run()))
     lines = table.splitlines()
-    assert lines[0].split()[:4] == ["method", "answers", "tok/s", "MAT"]
+    assert lines[0].split()[:6] == ["method", "answers", "tok/s", "prefill", "tok/s", "MAT"]
     assert set(lines[1]) <= {"-", " "}
     rows = {line.split()[0]: line.split() for line in lines[2:]}
     assert list(rows) == ["hf", "ar", "tr:template=16"]
-    assert rows["tr:template=16"][1:8] == ["2", "6.00", "2.33", "16.0", "3.00x", "2.00x", "1/2"]
+    tr_row = ["2", "6.00", "400", "2.33", "16.0", "3.00x", "2.00x", "1/2"]
+    assert rows["tr:template=16"][1:9] == tr_row and rows["hf"][3] == "-"
     assert rows["hf"][-1] == "-"  # generate has no separate verify time
     category = render_category_table(summarise(_run()))
     assert "math" in category and category.count("tr:template=16") == 2
@@ -159,7 +164,7 @@ def test_markdown_and_json_carry_the_same_figures() -> None:
     report = summarise(_run())
     machine = {"cpu": "test"}
     markdown = render_markdown(report, machine, "verispec bench --limit 1")
-    assert "| tr:template=16 | 2 | 6.00 | 2.33 |" in markdown
+    assert "| tr:template=16 | 2 | 6.00 | 400 | 2.33 |" in markdown
     assert "verispec bench --limit 1" in markdown and "cpu: test" in markdown
     assert "question 2 turn 0: token 1" in markdown
     data = json.loads(json.dumps(to_json(report, machine, "cmd")))

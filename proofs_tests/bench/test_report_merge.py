@@ -221,7 +221,8 @@ def test_the_shipped_result_files_load_and_re_render(tmp_path: Path) -> None:
     """A real JSON report (one shard of the Spec-Bench report of record, written by
     `verispec bench` before reports could be merged, and before figures stored sums) reads
     back to the same JSON, plus the two sums it lacked, recovered from their ratios:
-    ``committed = MAT x steps`` and ``tree_nodes = nodes/step x steps``."""
+    ``committed = MAT x steps`` and ``tree_nodes = nodes/step x steps``, and the prefill
+    figures it never had, unknown."""
     shipped = Path(__file__).resolve().parent / "data" / "bench_specbench_shard_a.json"
     data = json.loads(shipped.read_text())
     got = to_json(load_report(shipped))
@@ -233,6 +234,8 @@ def test_the_shipped_result_files_load_and_re_render(tmp_path: Path) -> None:
         for label, figures in old.items():
             recovered = new[label]
             committed, nodes = recovered.pop("committed"), recovered.pop("tree_nodes")
+            prefill = [recovered.pop(k) for k in ("prompt_tokens", "prefill_s")]
+            assert prefill == [None, None] and recovered.pop("prefill_tokens_per_s") is None
             assert committed == round(figures["mean_accepted"] * figures["steps"])
             size = figures["mean_tree_size"]
             assert nodes == (None if size is None else round(size * figures["steps"]))

@@ -19,13 +19,13 @@ from torch import nn
 from verispec.core import DraftTree
 from verispec.errors import ConfigError
 from verispec.models import FastModel, tiny_model
-from verispec.models.runtime import PROMPT_PASS_TOKENS
 from verispec.models.cpu_linear import (
     BlockLinear,
     kernel_status,
     quantize_blocks,
     recover_blocks,
 )
+from verispec.models.runtime import PROMPT_PASS_TOKENS
 
 available, why = kernel_status()
 needs_kernel = pytest.mark.skipif(not available, reason=f"block kernel unavailable: {why}")
@@ -212,9 +212,7 @@ def test_the_prompt_pass_equals_the_tree_kernels_prefill_to_rounding(
         return wrapper
 
     monkeypatch.setattr(llama, "attend_prompt", counted("attention", llama.attend_prompt))
-    monkeypatch.setattr(
-        BlockLinear, "dequantized", counted("widened", BlockLinear.dequantized)
-    )
+    monkeypatch.setattr(BlockLinear, "dequantized", counted("widened", BlockLinear.dequantized))
     model = blocks_model(512)
     prompt = torch.randint(0, V, (300,), generator=torch.Generator().manual_seed(3))
     model.prefill(prompt)

@@ -50,6 +50,8 @@ class Figures:
             ``None`` where the target time is unknown.
         identical_count: answers token-identical to the reference (``None``: not compared).
         finish_reasons: answers per finish reason.
+        prompt_tokens, prefill_s: the answers' prompt tokens and the seconds of their
+            prompts' forwards (``TurnResult.prefill_s``); ``None`` where not measured.
         speedup_vs_hf, speedup_vs_ar: tokens/s over ``hf``'s / ``ar``'s on the same
             answers, set by the report that holds both.
     """
@@ -64,12 +66,21 @@ class Figures:
     time_split: dict[str, float] | None
     identical_count: int | None
     finish_reasons: dict[str, int]
+    prompt_tokens: int | None = None
+    prefill_s: float | None = None
     speedup_vs_hf: float | None = None
     speedup_vs_ar: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        """Prompt tokens per second of the prompts' forwards (``None``: not measured)."""
+        if self.prompt_tokens is None or not self.prefill_s:
+            return None
+        return self.prompt_tokens / self.prefill_s
 
     @property
     def mean_accepted(self) -> float:
@@ -102,17 +113,25 @@ class Figures:
         return Figures(**sums)
 
     @classmethod
-    def of(cls, result: TurnResult, identical: bool | None) -> Figures:
-        """The figures of one answer (``identical``: to the reference; ``None``: not compared)."""
+    def of(
+        cls, result: TurnResult, identical: bool | None, prompt_tokens: int | None = None
+    ) -> Figures:
+        """The figures of one answer (``identical``: to the reference; ``None``: not
+        compared) to a prompt of ``prompt_tokens``."""
         r, parts = result, {p: getattr(result, f"{p}_s") for p in _PARTS}
         sums = (1, len(r.tokens), r.seconds, r.steps, r.committed, r.tree_nodes)
         split = None if r.target_s is None else _split(parts, r.seconds)
         count = None if identical is None else int(identical)
-        return cls(*sums, r.peak_memory / float(1 << 20), split, count, {r.finish_reason: 1})
+        prompt = None if r.prefill_s is None else prompt_tokens
+        memory = r.peak_memory / float(1 << 20)
+        return cls(*sums, memory, split, count, {r.finish_reason: 1}, prompt, r.prefill_s)
 
     def as_dict(self) -> dict[str, Any]:
         """The sums and the ratios derived from them (the JSON report's fields)."""
-        ratios = ("tokens_per_s", "mean_accepted", "mean_tree_size", "identical")
+        ratios = (
+            "tokens_per_s", "prefill_tokens_per_s", "mean_accepted", "mean_tree_size",
+            "identical",
+        )  # fmt: skip
         return {**attrs.asdict(self), **{name: getattr(self, name) for name in ratios}}
 
 
@@ -186,7 +205,8 @@ def summarise(run: BenchRun) -> BenchReport:
 
     def figures(r: TurnRecord) -> Figures:
         expected = want(r)
-        return Figures.of(r.result, None if expected is None else expected == r.result.tokens)
+        identical = None if expected is None else expected == r.result.tokens
+        return Figures.of(r.result, identical, r.prompt_tokens)
 
     def group(records: Sequence[TurnRecord]) -> dict[str, Figures]:
         return _with_speedups(
@@ -245,6 +265,7 @@ def _cells(f: Figures) -> dict[str, str]:
     return {
         "answers": str(f.outputs),
         "tok/s": f"{f.tokens_per_s:.2f}",
+        "prefill tok/s": show(f.prefill_tokens_per_s, "{:.0f}"),
         "MAT": f"{f.mean_accepted:.2f}",
         "nodes/step": show(f.mean_tree_size, "{:.1f}"),
         "vs hf": show(f.speedup_vs_hf, "{:.2f}x"),
@@ -255,8 +276,8 @@ def _cells(f: Figures) -> dict[str, str]:
     }
 
 
-_CATEGORY_COLUMNS = ["answers", "tok/s", "MAT", "vs hf", "vs ar", "identical"]
-_COLUMNS = [*_CATEGORY_COLUMNS[:3], "nodes/step", *_CATEGORY_COLUMNS[3:], "peak MiB", *_PARTS]
+_CATEGORY_COLUMNS = ["answers", "tok/s", "prefill tok/s", "MAT", "vs hf", "vs ar", "identical"]
+_COLUMNS = [*_CATEGORY_COLUMNS[:4], "nodes/step", *_CATEGORY_COLUMNS[4:], "peak MiB", *_PARTS]
 
 
 def render_table(report: BenchReport, *, markdown: bool = False) -> str:
@@ -327,10 +348,12 @@ def render_markdown(
                 for m in report.mismatches
             ] + [""]
     lines += [
-        "tok/s: new tokens per wall-clock second (prefill included). MAT: tokens committed per "
-        "target forward. vs hf / vs ar: tokens/s ratio on the same answers. Peak: per-answer "
-        "peak memory (process RSS on CPU, CUDA allocation on GPU). draft/target/verify: shares "
-        "of wall-clock time.",
+        "tok/s: new tokens per wall-clock second (prefill included). prefill tok/s: prompt "
+        "tokens per second of the prompts' forwards (verispec's prefill, which leaves the last "
+        "prompt token to the first step; transformers' first forward; llama.cpp's first "
+        "eval). MAT: tokens committed per target forward. vs hf / vs ar: tokens/s ratio on "
+        "the same answers. Peak: per-answer peak memory (process RSS on CPU, CUDA allocation "
+        "on GPU). draft/target/verify: shares of wall-clock time.",
         "",
     ]
     return "\n".join(lines)

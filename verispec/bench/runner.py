@@ -97,6 +97,9 @@ class TurnResult:
         draft_s, target_s, verify_s: seconds drafting, in the target (forwards, prefill
             and KV commits), verifying; ``None`` where a method cannot separate them.
         peak_memory: bytes, the call's peak; ``finish_reason``: why generation stopped.
+        prefill_s: seconds of the prompt's forward: verispec's ``prefill`` (every prompt
+            token but the last, which is the first step's root), transformers' first
+            forward, llama.cpp's first ``eval``; ``None`` where not measured.
     """
 
     tokens: tuple[int, ...] = attrs.field(converter=lambda ts: tuple(int(t) for t in ts))
@@ -110,6 +113,7 @@ class TurnResult:
     verify_s: float | None
     peak_memory: int
     finish_reason: str
+    prefill_s: float | None = None
 
 
 class MethodRunner(Protocol):
@@ -208,6 +212,7 @@ class EngineRunner:
             verify_s=split["verify"],
             peak_memory=peak,
             finish_reason=result.finish_reason,
+            prefill_s=result.prefill_s,
         )
 
 
@@ -243,9 +248,11 @@ class _Peer:
         forwards: int,
         target_s: float | None = None,
         draft_s: float = 0.0,
+        prefill_s: float | None = None,
     ) -> TurnResult:
         """The answer ``tokens`` of a call measured by :func:`measure_call`, made in
-        ``forwards`` target forwards (at least one: the prefill yields a token)."""
+        ``forwards`` target forwards (at least one: the prefill yields a token), the first
+        of them, over the prompt, ``prefill_s`` seconds."""
         eos = set(self.context.stop_ids(config))
         return TurnResult(
             tokens,
@@ -259,6 +266,7 @@ class _Peer:
             verify_s=None,
             peak_memory=peak,
             finish_reason="eos" if tokens and tokens[-1] in eos else "max_new_tokens",
+            prefill_s=prefill_s,
         )
 
 
@@ -316,12 +324,14 @@ class HFRunner(_Peer):
             for hook in hooks:
                 hook.remove()
 
-    def _forwards(self) -> tuple[int, float, float]:
-        """Target forwards, target seconds, draft seconds of the last hooked call."""
+    def _forwards(self) -> tuple[int, float, float, float | None]:
+        """Target forwards, target seconds, draft seconds of the last hooked call, and the
+        seconds of its first target forward (the prompt's)."""
         seconds: dict[bool, list[float]] = {False: [], True: []}
         for (_, start), (drafting, end) in zip(self._stamps[::2], self._stamps[1::2], strict=True):
             seconds[drafting].append(start.elapsed_time(end) / 1000 if self.cuda else end - start)
-        return len(seconds[False]), sum(seconds[False]), sum(seconds[True])
+        first = seconds[False][0] if seconds[False] else None
+        return len(seconds[False]), sum(seconds[False]), sum(seconds[True]), first
 
     def _generate(self, ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
         eos = list(self.context.stop_ids(config))
@@ -425,6 +435,7 @@ class LlamaCppRunner(_Peer):
         self.threads = torch.get_num_threads()
         self.llama: Any = None
         self.forwards = 0  # eval calls of the current generation
+        self.prefill_s: float | None = None  # seconds of its first (the prompt's)
 
     def _build(self) -> None:
         options: dict[str, Any] = {
@@ -446,7 +457,13 @@ class LlamaCppRunner(_Peer):
 
         def counted_eval(tokens: Sequence[int]) -> Any:
             self.forwards += 1
-            return plain_eval(tokens)
+            if self.forwards > 1:
+                return plain_eval(tokens)
+            start = time.perf_counter()  # the first eval: the prompt's
+            try:
+                return plain_eval(tokens)
+            finally:
+                self.prefill_s = time.perf_counter() - start
 
         llama.eval, self.llama = counted_eval, llama
 
@@ -474,11 +491,11 @@ class LlamaCppRunner(_Peer):
         prompt = [int(t) for t in prompt_ids]
         draft_room = self.prompt_lookup[1] if self.prompt_lookup is not None else 0
         self._fit(len(prompt) + config.max_new_tokens + draft_room + 1, 1024, self._build)
-        self.forwards = 0
+        self.forwards, self.prefill_s = 0, None
         tokens, seconds, peak = measure_call(
             torch.device("cpu"), lambda: self._generate(prompt, config)
         )
-        return self._result(tokens, config, seconds, peak, self.forwards)
+        return self._result(tokens, config, seconds, peak, self.forwards, prefill_s=self.prefill_s)
 
 
 @attrs.frozen

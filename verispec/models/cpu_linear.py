@@ -348,4 +348,3 @@ class BlockLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, format={self.fmt}"
-

@@ -87,7 +87,9 @@ longer passes (prefill chunks, shared by every method) run eagerly."""
 
 _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
 _COMPILED_CAPACITY = 4096  # compiled mode's first allocation (a new capacity recompiles)
-_PREFILL_CHUNK = 512  # prompt tokens per prefill pass (bounds the score matrix)
+# Prompt tokens per prefill pass: bounds the activations (8,192 rows of the gate/up
+# product are 100 MB); the fused attention needs no score matrix.
+_PREFILL_CHUNK = 8192
 PROMPT_PASS_TOKENS = 32
 """A prefill chunk of at least this many tokens runs as a prompt pass
 (:mod:`verispec.models._prompt`): float32 GEMMs over the widened blocks and one fused

@@ -1,0 +1,63 @@
+"""Prefill of long prompts: the runtime against transformers, on the embedded model.
+
+Run from the repository root::
+
+    taskset -c 1 .venv/bin/python benchmarks/prefill.py --threads 1 --lengths 1024,4096,8192
+
+For each prompt length (random token ids, the same for both), the seconds until the first
+new token: ``FastModel.prefill`` and one pass for the root (what every decoding method
+does first), and transformers' ``generate(max_new_tokens=1)`` on the same float32 weights
+(greedy, SDPA attention). Both read the same model; the first token is compared. The
+best of ``--repeats`` runs each, interleaved. Prints a Markdown table with the CPU's flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from verispec.core import DraftTree
+from verispec.models.default import load_default_model
+from verispec.models.runtime import cpu_features
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lengths", default="1024,4096,8192")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, _ = load_default_model(max_length=8192 + 64)
+    hf = model.hf_model
+    print(f"flags: {' '.join(cpu_features())}; {args.threads} thread(s); runtime: {model.runtime}")
+    print("\n| prompt tokens | verispec s | tok/s | transformers s | tok/s | ratio | same token |")
+    print("|---|---|---|---|---|---|---|")
+    for length in (int(n) for n in args.lengths.split(",")):
+        ids = torch.randint(100, 40_000, (length,), generator=torch.Generator().manual_seed(length))
+        ours, theirs = [], []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            model.prefill(ids)
+            first = int(model.forward_tree(DraftTree.empty())[0].argmax())
+            ours.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = hf.generate(
+                    ids[None], attention_mask=torch.ones(1, length, dtype=torch.long),
+                    max_new_tokens=1, do_sample=False, pad_token_id=0,
+                )  # fmt: skip
+            theirs.append(time.perf_counter() - start)
+        a, b = min(ours), min(theirs)
+        same = first == int(out[0, -1])
+        print(
+            f"| {length} | {a:.2f} | {length / a:.0f} | {b:.2f} | {length / b:.0f} | "
+            f"{b / a:.2f}x | {'yes' if same else 'no'} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
