@@ -204,7 +204,7 @@ def test_stop_strings_with_the_tokenizer_given_to_speculative(byte_model: tuple[
     )
     answer = tokenizer.decode(out[0, ids.shape[1] :].tolist())
     assert answer.endswith(stop) and answer.count(stop) == 1 and text.startswith(answer)
-    with pytest.raises(ConfigError, match="tokenizer"):
+    with pytest.raises(ConfigError, match=r"`stop_strings` \['x'\] need the model's tokenizer"):
         model.generate(ids, max_new_tokens=5, custom_generate=verispec.speculative("ar"),
                        stop_strings=["x"])  # fmt: skip
 

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
-from verispec.core.engine import GenerationResult
+from verispec.core.engine import GenerationResult, require_tokenizer_for_stop_strings
 from verispec.core.types import Drafter, GenerationConfig, LanguageModel
 from verispec.core.validate import boolean, integer
 from verispec.decoder import SpeculativeDecoder
@@ -248,12 +248,11 @@ class SpeculativeGenerate:
                 _seed(seed)  # validated even where greedy decoding does not use it
             config = _with_call_options(config, max_new, stop_strings, seed)
             tokenizer = tokenizer if tokenizer is not None else self.tokenizer
-            if config.stop_strings and tokenizer is None:
-                raise ConfigError(
-                    f"`stop_strings` {list(config.stop_strings)} need the model's tokenizer: "
-                    "pass it as verispec.speculative(..., tokenizer=tokenizer) (transformers "
-                    "does not hand generate's `tokenizer` to a custom_generate callable)."
-                )
+            require_tokenizer_for_stop_strings(  # transformers does not hand generate's
+                config.stop_strings,  # `tokenizer` to a custom_generate callable
+                tokenizer,
+                "verispec.speculative(..., tokenizer=tokenizer)",
+            )
             decoder = self._decoder(model, tokenizer)
             ids = input_ids[0].tolist()
 

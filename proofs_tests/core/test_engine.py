@@ -400,6 +400,22 @@ def test_stream_text_with_a_byte_level_tokenizer_equals_generate() -> None:
     assert [t for c in chunks for t in c.tokens] == expected.tokens
 
 
+@pytest.mark.parametrize("entry", ["generate", "stream", "GenerationConfig"])
+def test_stop_strings_without_a_tokenizer_are_refused_not_ignored(entry: str) -> None:
+    """Stop strings are matched on decoded text: a decoder without a tokenizer refuses them
+    with the one error every entry point raises (it used to run to max_new_tokens), from
+    keyword overrides and from a config alike, before anything is generated."""
+    decoder = SpeculativeDecoder(CountingModel(), OracleDrafter(7, 4))
+    with pytest.raises(ConfigError, match=r"`stop_strings` \['45'\] need the model's tokenizer"):
+        if entry == "generate":
+            decoder.generate([1], max_new_tokens=30, stop_strings=["45"])
+        elif entry == "stream":
+            next(iter(decoder.stream([1], max_new_tokens=30, stop_strings=["45"])))
+        else:
+            decoder.generate([1], GenerationConfig(max_new_tokens=30, stop_strings=["45"]))
+    assert decoder.generate([1], max_new_tokens=3).finish_reason == "max_new_tokens"
+
+
 def test_a_stop_string_ends_the_tokens_at_the_token_that_completes_it() -> None:
     """With a stop string, the answer's tokens end with the token completing it, even when the
     step committed more, and the streamed chunks end there too."""

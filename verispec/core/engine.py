@@ -53,6 +53,7 @@ from verispec.errors import ConfigError, ContextLengthError, IncompatibleModelsE
 
 __all__ = [
     "GenerationResult",
+    "require_tokenizer_for_stop_strings",
     "SpeculativeDecoder",
     "StepStats",
     "StreamChunk",
@@ -184,6 +185,23 @@ def _clock_for(device: Any) -> Callable[[], float]:
         return time.perf_counter()
 
     return clock
+
+
+def require_tokenizer_for_stop_strings(
+    stop_strings: Sequence[str], tokenizer: Any, how_to_pass: str
+) -> None:
+    """The one check every entry point runs: stop strings are matched on decoded text, so
+    they need a tokenizer; without one they would be silently ignored.
+
+    Raises:
+        ConfigError: ``stop_strings`` given and ``tokenizer`` is ``None``; the message says
+            how to pass one (``how_to_pass``).
+    """
+    if stop_strings and tokenizer is None:
+        raise ConfigError(
+            f"`stop_strings` {list(stop_strings)} need the model's tokenizer to decode the "
+            f"answer; pass it as {how_to_pass}, or drop `stop_strings`."
+        )
 
 
 class SpeculativeDecoder:
@@ -365,6 +383,9 @@ class SpeculativeDecoder:
         is subtracted from ``total_s``.
         """
         config = generation_config(config, overrides)
+        require_tokenizer_for_stop_strings(
+            config.stop_strings, self.tokenizer, "SpeculativeDecoder(..., tokenizer=tokenizer)"
+        )
         ids = self._prompt_ids(prompt)
         sampling = config.sampling
         verifier = self.verifier_for(sampling)
