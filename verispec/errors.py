@@ -14,6 +14,7 @@ __all__ = [
     "DefaultModelUnavailableError",
     "IncompatibleModelsError",
     "KernelUnavailableError",
+    "ModelFileError",
     "NonFiniteLogitsError",
     "TreeStructureError",
     "UnsupportedModelError",
@@ -27,6 +28,11 @@ class VerispecError(Exception):
 
 class ConfigError(VerispecError, ValueError):
     """A configuration value is out of its allowed range."""
+
+
+class ModelFileError(ConfigError):
+    """A model file or directory cannot be read: not the format it claims, truncated or
+    corrupt, a missing weight shard, or an architecture transformers cannot load."""
 
 
 class TreeStructureError(VerispecError, ValueError):

@@ -86,3 +86,91 @@ def test_the_embedded_gguf_shares_the_default_models_cache(tmp_path: Path) -> No
     except DefaultModelUnavailableError as exc:
         pytest.skip(f"the embedded model is not installed: {exc}")
     assert _gguf_cache(gguf, tmp_path) == tmp_path / default._cache_key(gguf)
+
+
+def _unsupported_architecture_gguf(path: Path) -> Path:
+    """A valid GGUF file (header, metadata, one tensor) of an architecture transformers
+    cannot load."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "verispec-test-arch")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _bad_models(tmp_path: Path) -> dict[str, Path]:
+    """Model paths that cannot be read, by what is wrong with them."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    bad = {}
+    bad["random bytes"] = tmp_path / "random.gguf"
+    bad["random bytes"].write_bytes(torch.randint(0, 256, (4096,)).byte().numpy().tobytes())
+    bad["zero length"] = tmp_path / "empty.gguf"
+    bad["zero length"].write_bytes(b"")
+    bad["magic only"] = tmp_path / "magic.gguf"
+    bad["magic only"].write_bytes(b"GGUF\x03\x00\x00\x00")
+    from verispec.errors import DefaultModelUnavailableError
+    from verispec.models import default
+
+    try:
+        embedded = default._package_gguf().read_bytes()[:1_000_000]
+    except DefaultModelUnavailableError:
+        embedded = b""
+    for cut in (24, 1000, 100_000, 1_000_000) if embedded else ():
+        bad[f"truncated at {cut}"] = tmp_path / f"trunc{cut}.gguf"
+        bad[f"truncated at {cut}"].write_bytes(embedded[:cut])
+    bad["unsupported architecture"] = _unsupported_architecture_gguf(tmp_path / "arch.gguf")
+    sharded = tmp_path / "sharded"
+    save_tiny_model(sharded)
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(sharded).save_pretrained(sharded, max_shard_size="20KB")
+    (sharded / "model.safetensors").unlink()  # the unsharded file would be read instead
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    shards[-1].unlink()
+    bad["missing shard"] = sharded
+    partial = save_tiny_model(tmp_path / "partial")  # a checkpoint lacking one weight
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(partial / "model.safetensors")
+    del weights[sorted(k for k in weights if "mlp.down_proj" in k)[0]]
+    save_file(weights, partial / "model.safetensors", metadata={"format": "pt"})
+    bad["weights missing"] = partial
+    return bad
+
+
+def test_unreadable_models_raise_one_named_error_and_leave_no_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Random bytes, an empty file, a bare header, the embedded GGUF cut at several offsets, a
+    valid GGUF of an unknown architecture, a directory missing a weight shard and one whose
+    file lacks a weight (transformers would initialise it at random) each raise
+    ModelFileError naming the path, leave nothing in the cache, and make the CLI's
+    `--model` and `--draft-model` exit 2 with one error line, no traceback."""
+    from verispec import cli
+    from verispec.errors import ModelFileError
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("VERISPEC_CACHE", str(cache))
+    for what, path in _bad_models(tmp_path / "models").items():
+        with pytest.raises(ModelFileError, match=str(path.name)):
+            load_model(path)
+        assert not cache.exists() or not any(cache.iterdir()), what
+        for flag in ("--model", "--draft-model"):
+            args = ["generate", "--prompt", "hi", "--max-new-tokens", "1", flag, str(path)]
+            if flag == "--draft-model":
+                args += ["--model", "tiny", "--method", "chain"]
+            capsys.readouterr()
+            assert cli.main(args) == 2, (what, flag)
+            err = capsys.readouterr().err  # (the target's line first, for --draft-model)
+            lines = err.strip().splitlines()
+            assert "Traceback" not in err and lines[-1].startswith("verispec generate: error:")
+            assert sum("error" in line for line in lines) == 1, (what, flag, lines)
+            assert path.name in lines[-1], (what, flag, lines)
+        assert not cache.exists() or not any(cache.iterdir()), what

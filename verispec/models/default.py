@@ -26,7 +26,12 @@ from typing import Any
 import torch
 
 from verispec.core.paths import cache_dir
-from verispec.errors import ConfigError, DefaultModelUnavailableError, UnsupportedModelError
+from verispec.errors import (
+    ConfigError,
+    DefaultModelUnavailableError,
+    ModelFileError,
+    UnsupportedModelError,
+)
 from verispec.models.hf import HFModel
 from verispec.models.runtime import FastModel
 
@@ -85,10 +90,16 @@ def _convert(gguf: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        try:
+            model: Any = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            )
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        except Exception as exc:  # the gguf reader's ValueError, struct.error, KeyError...
+            raise ModelFileError(
+                f"cannot read the GGUF file `{gguf}` ({gguf.stat().st_size} bytes): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         # The weights are dequantized float32 now: drop the GGUF marker so they save plainly.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from verispec.errors import ConfigError
+from verispec.errors import ConfigError, ModelFileError
 
 __all__ = ["load_model", "model_source"]
 
@@ -101,8 +101,10 @@ def load_model(
         :class:`~verispec.models.HFModel`) and a Hugging Face tokenizer.
 
     Raises:
-        ConfigError: a path that is not a model, a tokenizer that cannot be loaded, or an
-            unknown ``runtime``.
+        ConfigError: a path that is not a model, or an unknown ``runtime``.
+        ModelFileError: (a ``ConfigError``) a file or directory that cannot be read: not
+            GGUF, truncated, a missing shard, an architecture transformers does not know,
+            a tokenizer that cannot be loaded. Nothing is left in the cache.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -121,18 +123,27 @@ def load_model(
             _convert(source, converted)
         source = converted
     try:
-        hf_model: Any = AutoModelForCausalLM.from_pretrained(
-            str(source), dtype=dtype, attn_implementation="sdpa"
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            str(source), dtype=dtype, attn_implementation="sdpa", output_loading_info=True
         )
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"cannot load a causal LM from `{path}`: {exc}") from None
+    except Exception as exc:  # OSError, ValueError, safetensors' errors, struct.error...
+        raise ModelFileError(
+            f"cannot load a causal LM from `{path}`: {type(exc).__name__}: {exc}"
+        ) from None
+    hf_model, info = loaded
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers would initialise them at random and carry on
+        raise ModelFileError(
+            f"cannot load a causal LM from `{path}`: {len(missing)} weights are missing from "
+            f"its files (e.g. {missing[0]}); a weight shard is missing or incomplete."
+        )
     hf_model = hf_model.to(device)
     tokenizer_source = Path(tokenizer).expanduser() if tokenizer is not None else source
     try:
         loaded_tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except Exception as exc:
         hint = "" if tokenizer is not None else " Pass its tokenizer directory (--tokenizer)."
-        raise ConfigError(
+        raise ModelFileError(
             f"cannot load a tokenizer from `{tokenizer_source}`: {exc}.{hint}"
         ) from None
     model = make_target(
