@@ -312,6 +312,53 @@ def test_the_wrapped_model_is_built_once_and_rebuilt_when_weights_change() -> No
     assert target_for(model) is not first
 
 
+def _bump_token(model: Any, kind: str) -> None:
+    """Make token 7 the greedy choice everywhere (its LM-head row plus 50), by ``kind`` of
+    edit; ``"one value"`` changes a single weight by 1e-3 through ``.data`` instead."""
+    head = model.lm_head.weight
+    bumped = head.detach().clone()
+    bumped[7] += 50.0
+    if kind == ".data":
+        head.data[7] += 50.0
+    elif kind == "copy_ under no_grad":
+        with torch.no_grad():
+            head.copy_(bumped)
+    elif kind == "load_state_dict":
+        state = {name: value.clone() for name, value in model.state_dict().items()}
+        state["lm_head.weight"] = bumped
+        model.load_state_dict(state)
+    elif kind == "parameter replaced":
+        model.lm_head.weight = torch.nn.Parameter(bumped)
+    elif kind == "to(dtype)":
+        model.to(torch.float32)
+    else:
+        model.model.layers[0].mlp.down_proj.weight.data[0, 0] += 1e-3
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [".data", "copy_ under no_grad", "load_state_dict", "parameter replaced", "to(dtype)",
+     "one value"],
+)  # fmt: skip
+def test_the_next_generation_uses_edited_weights(kind: str) -> None:
+    """After a first call built the wrapped model, any edit of the weights (through ``.data``,
+    which the version counter misses, ``copy_`` under ``no_grad``, ``load_state_dict``, a
+    replaced parameter, a cast, one value) makes the next call rebuild it and return
+    ``generate``'s tokens for the edited model (which differ from before, but for the
+    cast and the one value)."""
+    model = tiny_llama(vocab_size=64, hidden_size=32, num_layers=2, max_length=512).hf_model
+    fast = verispec.speculative("ar")
+    before = model.generate(_ids(), max_new_tokens=NEW, do_sample=False, custom_generate=fast)
+    first = target_for(model)
+    _bump_token(model, kind)
+    expected = model.generate(_ids(), max_new_tokens=NEW, do_sample=False)
+    if kind not in ("to(dtype)", "one value"):
+        assert not torch.equal(expected, before)
+    out = model.generate(_ids(), max_new_tokens=NEW, do_sample=False, custom_generate=fast)
+    assert torch.equal(out, expected)
+    assert target_for(model) is not first
+
+
 @pytest.fixture(scope="module")
 def smollm2_chat() -> tuple[Any, torch.Tensor, torch.Tensor]:
     """SmolLM2-135M (float32, transformers), a chat prompt's ids and its greedy ``generate``."""
