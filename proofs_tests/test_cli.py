@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -211,10 +212,11 @@ BAD_CLI_INPUT = [
     (["bench", "--temperature", "inf"], "argument --temperature"),
     (["bench", "--verifier", "coupled"], "argument --verifier: invalid choice"),
     (["bench", "--resume"], "`--resume` needs the records"),
-    (["bench", "--threads", "0"], "argument --threads: must be >= 1"),
+    (["bench", "--threads", "0"], f"argument --threads: must be in [1, {os.cpu_count()}]"),
     (["bench", "--dtype", "float8"], "argument --dtype: invalid choice"),
     (["bench", "--methods", "tr:template=7"], "`tr:template` must be one of"),
     (["report", "no/such/report.json"], "`no/such/report.json` must be an existing"),
+    (["bench", "--threads", "999"], f"--threads: must be in [1, {os.cpu_count()}]; got 999"),
 ]  # fmt: skip
 
 
@@ -265,3 +267,24 @@ def test_the_installed_command_prints_no_traceback(argv: list[str]) -> None:
     )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["bench"]])
+def test_no_progress_turns_the_notices_of_long_waits_off(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--no-progress` turns off the notices of long waits (conversion, latency tables,
+    compilation) for the command; without it they are on."""
+    from verispec.core.notices import notices_enabled
+    from verispec.errors import ConfigError
+
+    seen = []
+
+    def probe(*args: object) -> None:
+        seen.append(notices_enabled())
+        raise ConfigError("stopped by the test")
+
+    monkeypatch.setattr(cli, "_load", probe)
+    assert cli.main([*command, "--model", "tiny", "--no-progress"]) == 2
+    assert cli.main([*command, "--model", "tiny"]) == 2
+    assert seen == [False, True]

@@ -92,8 +92,9 @@ def test_return_dict_carries_the_acceptance_figures(hf_model: Any) -> None:
 
 def test_sampling_is_reproducible_with_a_seed(hf_model: Any) -> None:
     """Sampling runs; with ``learn_across_calls=False`` a call repeats under ``torch.manual_seed``
-    and under ``seed=``, another seed gives another answer, and a fresh callable (which has
-    learnt nothing yet) repeats the first call of another."""
+    and under ``seed=``, another seed gives another answer, a fresh callable (which has
+    learnt nothing yet) repeats the first call of another, and a learning one repeats plain
+    sampling's text call after call."""
     options = {"max_new_tokens": NEW, "do_sample": True, "temperature": 1.5, "top_k": 0}
 
     def sample(fast: Any, **extra: Any) -> list[int]:
@@ -110,6 +111,11 @@ def test_sampling_is_reproducible_with_a_seed(hf_model: Any) -> None:
     assert sample(verispec.speculative("dtr"), seed=7) == sample(
         verispec.speculative("dtr"), seed=7
     )
+    # learning across calls changes no seeded draw: the text is plain sampling's
+    learning, plain = verispec.speculative("dtr"), verispec.speculative("ar")
+    assert [sample(learning, seed=5) for _ in range(3)] == [sample(plain, seed=5)] * 3
+    # the seed range is the decoder's and the CLI's, [0, 2**64)
+    assert sample(forgetful, seed=2**64 - 1) == sample(forgetful, seed=2**64 - 1)
 
 
 def test_sampling_options_reach_the_decoder(hf_model: Any) -> None:
@@ -231,7 +237,8 @@ def _custom_criteria() -> Any:
         ({"max_time": 10.0}, "MaxTimeCriteria"),
         ({"stopping_criteria": "custom"}, "stopping criterion `Never`"),
         ({"assistant_model": "self"}, "`assistant_model` is not supported"),
-        ({"seed": -1}, "`seed` must be an integer"),
+        ({"seed": -1}, r"`seed` must be an integer in \[0, 2\*\*64\)"),
+        ({"seed": 2**64}, r"`seed` must be an integer in \[0, 2\*\*64\)"),
         ({"stop_strings": [""]}, "`stop_strings` must not contain an empty string"),
     ],
 )

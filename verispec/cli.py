@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from verispec.core.types import SEED_LIMIT
 from verispec.core.validate import bounds, in_bounds, interval
 from verispec.errors import ConfigError
 from verispec.models.runtime import WEIGHTS
@@ -42,8 +44,8 @@ _DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEFAULT_BENCH_THREADS = 1  # the benchmark's figures of record are single-threaded
 
 
-def _int_arg(low: int, below: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an integer ``>= low`` (and ``< below``), phrased as
+def _int_arg(low: int, below: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= low`` (and ``< below``, ``<= high``), phrased as
     :func:`verispec.core.validate.bounds` phrases ranges."""
 
     def parse(text: str) -> int:
@@ -51,14 +53,17 @@ def _int_arg(low: int, below: int | None = None) -> Callable[[str], int]:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be an integer; got {text!r}") from None
-        if not in_bounds(value, low, None, below):
-            raise argparse.ArgumentTypeError(f"must be {bounds(low, below=below)}; got {value}")
+        if not in_bounds(value, low, high, below):
+            allowed = bounds(low, high=high, below=below)
+            raise argparse.ArgumentTypeError(f"must be {allowed}; got {value}")
         return value
 
     return parse
 
 
-_positive_int, _non_negative_int, _seed = _int_arg(1), _int_arg(0), _int_arg(0, 1 << 64)
+_positive_int, _non_negative_int, _seed = _int_arg(1), _int_arg(0), _int_arg(0, SEED_LIMIT)
+# at most one torch thread per CPU core of this machine: more only make the threads wait
+_threads = _int_arg(1, high=os.cpu_count() or 1)
 
 
 def _number(low: float, high: float, closed: Any) -> Callable[[str], float]:
@@ -128,7 +133,7 @@ def _model_options(parser: argparse.ArgumentParser, threads: int | None = None) 
     )
     group.add_argument(
         "--threads",
-        type=_positive_int,
+        type=_threads,
         default=threads,
         metavar="N",
         help=f"CPU threads for torch (default: {threads})"
@@ -397,7 +402,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the answers already in the records file (of an interrupted run with "
         "the same settings) and generate only the others",
     )
-    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar, and no notices of long waits (conversion, latency tables, "
+        "compilation)",
+    )
     _generation_options(bench, 128)
     _model_options(bench, threads=DEFAULT_BENCH_THREADS)
     _kernel_option(bench)
@@ -410,6 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--method", default="tr", metavar="SPEC", help="(default tr)")
     generate.add_argument("--prompt", required=True, help="the user prompt")
+    generate.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no notices of long waits (conversion, latency tables, compilation)",
+    )
     _generation_options(generate, 128)
     _model_options(generate)
     _kernel_option(generate)
@@ -931,8 +946,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.code in (0, None):
             raise
         return 2
+    from verispec.core.notices import set_notices
     from verispec.errors import VerispecError
 
+    set_notices(not getattr(args, "no_progress", False))
     try:
         if args.command == "methods":
             return _cmd_methods(args)

@@ -43,7 +43,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
 from verispec.core.engine import GenerationResult, require_tokenizer_for_stop_strings
-from verispec.core.types import Drafter, GenerationConfig, LanguageModel
+from verispec.core.types import SEED_LIMIT, Drafter, GenerationConfig, LanguageModel
 from verispec.core.validate import boolean, integer
 from verispec.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
@@ -161,9 +161,11 @@ def speculative(
             so greedy outputs equal ``generate``'s.
         kernels: ``"auto"``, ``"triton"`` or ``"torch"`` (see :mod:`verispec.kernels`).
         learn_across_calls: keep what the drafter learnt from earlier calls (Token
-            Recycling's matrix: more accepted tokens per step). Greedy outputs never depend
-            on it; sampled ones do (the same distribution, other draws), so ``False``
-            (forget at each call) makes a seeded sampling call repeat exactly.
+            Recycling's matrix, the suffix corpus: more accepted tokens per step). Outputs
+            do not depend on it: greedy ones never, and seeded samples with a drafter of
+            fixed candidates (``tr``, ``dtr``, ``pld``, ``suffix``) are the text plain
+            sampling gives for that seed, whatever was learnt (the coupled verifier keys
+            each draw by position). Only speed changes; ``False`` forgets at each call.
 
     Raises:
         ConfigError: a bad spec or option (checked now, before any model is seen).
@@ -404,7 +406,7 @@ def _generation_config(
 def _seed(seed: int | None) -> int:
     if seed is None:  # from torch's global generator: torch.manual_seed makes a call repeat
         return int(torch.randint(_SEED_RANGE, (1,)).item())
-    return integer("seed", seed, 0, below=2**63)
+    return integer("seed", seed, 0, below=SEED_LIMIT)  # the range of GenerationConfig.seed
 
 
 def _with_call_options(

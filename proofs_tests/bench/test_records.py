@@ -157,6 +157,20 @@ def test_atomic_write_leaves_nothing_behind_on_failure(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
 
 
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_reports_get_the_permissions_of_a_new_file(tmp_path: Path, umask: int, mode: int) -> None:
+    """A report written atomically has the mode ``open`` gives a new file under the umask
+    (the temporary file it is renamed from is made 0600)."""
+    import os
+
+    old = os.umask(umask)
+    try:
+        write_json(tmp_path / "report.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "report.json").stat().st_mode & 0o777 == mode
+
+
 def test_unwritable_outputs_are_refused_up_front(tmp_path: Path) -> None:
     """check_writable refuses a missing directory and a directory path."""
     with pytest.raises(ConfigError, match="does not exist"):

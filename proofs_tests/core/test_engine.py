@@ -400,6 +400,34 @@ def test_stream_text_with_a_byte_level_tokenizer_equals_generate() -> None:
     assert [t for c in chunks for t in c.tokens] == expected.tokens
 
 
+def test_a_context_too_short_for_max_new_tokens_warns_and_stops_where_it_said() -> None:
+    """When the prompt leaves room for fewer tokens than max_new_tokens, a warning says how
+    many fit (as transformers warns), and generation stops there with 'length'; with room
+    enough, nothing is warned."""
+    import warnings
+
+    decoder = _decoder()
+    prompt = [1, 2, 3, 4, 5, 6] * 3
+    fit = decoder.target.max_length - len(prompt) + 1
+    with pytest.warns(UserWarning, match=f"leave room for {fit} new tokens") as caught:
+        result = decoder.generate(prompt, max_new_tokens=fit + 50, eos_token_ids=[])
+    assert len(caught) == 1
+    assert result.finish_reason == "length" and len(result.tokens) == fit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decoder.generate(prompt, max_new_tokens=fit, eos_token_ids=[])
+
+
+def test_a_batch_of_one_prompt_is_that_prompt() -> None:
+    """A (1, S) tensor (a tokenizer's ``return_tensors="pt"``) generates what the (S,) one
+    does; a batch of two is still refused (one sequence per call)."""
+    ids = [1, 2, 3]
+    flat = _decoder().generate(torch.tensor(ids), max_new_tokens=6)
+    assert _decoder().generate(torch.tensor([ids]), max_new_tokens=6).tokens == flat.tokens
+    with pytest.raises(ConfigError, match=r"Shape: \(S,\) or \(1, S\); got a tensor of shape"):
+        _decoder().generate(torch.tensor([ids, ids]))
+
+
 @pytest.mark.parametrize("entry", ["generate", "stream", "GenerationConfig"])
 def test_stop_strings_without_a_tokenizer_are_refused_not_ignored(entry: str) -> None:
     """Stop strings are matched on decoded text: a decoder without a tokenizer refuses them

@@ -94,6 +94,32 @@ def test_latency_for_caches_on_disk(tiny, tmp_path, monkeypatch) -> None:
     assert len(list(tmp_path.glob("*.json"))) == 1
 
 
+def test_measuring_a_latency_table_says_so_on_stderr(tiny, tmp_path, monkeypatch, capsys) -> None:
+    """Measuring (a wait of tens of seconds on the real model) prints a notice with where the
+    table is kept and how long it took; reading the cached table prints nothing, and neither
+    does measuring with the notices off (the CLI's --no-progress)."""
+    from verispec.core.notices import set_notices
+
+    def fake(model, sizes, **options):
+        return LatencyTable(
+            [0, *sizes], [1.0] + [2.0] * len(sizes), budget_module.device_key(model)
+        )
+
+    monkeypatch.setattr(budget_module, "measure_latency", fake)
+    latency_for(tiny, sizes=[4], cache_dir=tmp_path)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "measuring this model's step latency" in err[0]
+    assert str(tmp_path) in err[0] and err[1].startswith("verispec: ... done in ")
+    latency_for(tiny, sizes=[4], cache_dir=tmp_path)
+    assert capsys.readouterr().err == ""
+    set_notices(False)
+    try:
+        latency_for(tiny, sizes=[4], cache_dir=tmp_path, remeasure=True)
+    finally:
+        set_notices(True)
+    assert capsys.readouterr().err == ""
+
+
 def test_runtimes_of_one_model_measure_their_own_tables(tiny) -> None:
     """The fast runtime and the HF adapter over the same weights get different device keys, so
     a latency table measured on one is never reused for the other."""

@@ -244,11 +244,16 @@ def _beside(path: Path, suffix: str) -> Path:
 
 
 def write_atomic(path: str | Path, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``."""
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``,
+    with the permissions ``open`` would give a new file (0666 less the umask; ``mkstemp``
+    makes it 0600)."""
     path = Path(path)
     tmp = _beside(path, ".tmp")
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o666 & ~umask)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

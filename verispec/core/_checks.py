@@ -103,7 +103,8 @@ def generation_config(config: object, overrides: dict[str, Any]) -> GenerationCo
 
 
 def token_id_list(prompt: object) -> list[int]:
-    """Token ids from a 1-D integer tensor or array, or a flat sequence of integers."""
+    """Token ids from a 1-D integer tensor or array, a (1, S) one (what a tokenizer returns
+    with ``return_tensors="pt"``: a batch of one), or a flat sequence of integers."""
     if not isinstance(prompt, torch.Tensor | Sequence) and hasattr(prompt, "__array__"):
         prompt = torch.as_tensor(prompt)  # a NumPy array: checked as a tensor
     if isinstance(prompt, torch.Tensor):
@@ -111,9 +112,11 @@ def token_id_list(prompt: object) -> list[int]:
             raise ConfigError(
                 f"`prompt` must hold integer token ids; got a tensor of dtype {prompt.dtype}."
             )
+        if prompt.dim() == 2 and prompt.shape[0] == 1:
+            prompt = prompt[0]
         if prompt.dim() != 1:
             raise ConfigError(
-                "`prompt` must be one sequence, Shape: (S,); got a tensor of shape "
+                "`prompt` must be one sequence, Shape: (S,) or (1, S); got a tensor of shape "
                 f"{tuple(prompt.shape)}. Generate one sequence per call (no batches)."
             )
         return [int(t) for t in prompt.tolist()]

@@ -26,6 +26,7 @@ candidates, recursive rejection for the rest). A verifier that declares
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Literal
 
@@ -398,6 +399,14 @@ class SpeculativeDecoder:
         )
         eos_ids = self._eos_ids(config)
         generator = torch.Generator(device="cpu").manual_seed(config.seed)
+        fit = self.target.max_length - len(ids) + 1  # the last new token needs no slot
+        if config.max_new_tokens > fit:
+            warnings.warn(
+                f"the prompt's {len(ids)} tokens leave room for {fit} new tokens in the "
+                f"model's context of {self.target.max_length}: generation stops there "
+                f"(finish_reason 'length'), before max_new_tokens={config.max_new_tokens}.",
+                stacklevel=3,
+            )
 
         # A target that can size its cache to the generation's longest context does it now,
         # once, instead of growing it mid-generation (an optional capability: ``reserve``).

@@ -35,6 +35,7 @@ import attrs
 import torch
 
 from verispec.core import paths
+from verispec.core.notices import waiting
 from verispec.core.tree import DraftTree
 from verispec.core.types import LanguageModel
 from verispec.errors import ConfigError
@@ -332,6 +333,10 @@ def latency_for(
                 return table
         except (ValueError, KeyError, OSError, TypeError):
             pass  # a corrupt or foreign file: measure again
-    table = measure_latency(model, sizes, context=contexts)
+    with waiting(
+        f"measuring this model's step latency for the budget rule (once per model, dtype, "
+        f"device and thread count; kept in {path})"
+    ):
+        table = measure_latency(model, sizes, context=contexts)
     table.save(path)
     return table

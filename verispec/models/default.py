@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from verispec.core.notices import waiting
 from verispec.core.paths import cache_dir
 from verispec.errors import (
     ConfigError,
@@ -85,6 +86,11 @@ def _cache_key(gguf: Path) -> str:
 
 def _convert(gguf: Path, target: Path) -> None:
     """Dequantize the GGUF file and save model + tokenizer to ``target`` atomically."""
+    with waiting(f"converting {gguf.name} to float32 weights (once; kept in {target})"):
+        _write_converted(gguf, target)
+
+
+def _write_converted(gguf: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from verispec.core.notices import waiting
 from verispec.core.validate import boolean, integer
 from verispec.errors import ConfigError
 from verispec.models._sequence import TreeSequenceModel, layer_indices
@@ -536,7 +537,8 @@ class FastModel(TreeSequenceModel):
         if wrapper is None:
             return 0.0
         self._reserve(1)
-        return float(wrapper.warm_up(self._caches, self._layers_arg))
+        with waiting("compiling the runtime's graphs, one per tree-size bucket"):
+            return float(wrapper.warm_up(self._caches, self._layers_arg))
 
     # -- introspection (tests, debugging) -----------------------------------------------
 
