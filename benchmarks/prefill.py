@@ -8,13 +8,16 @@ For each prompt length (random token ids, the same for both), the seconds until 
 new token: ``FastModel.prefill`` and one pass for the root (what every decoding method
 does first), and transformers' ``generate(max_new_tokens=1)`` on the same float32 weights
 (greedy, SDPA attention). Both read the same model; the first token is compared. The
-best of ``--repeats`` runs each, interleaved. Prints a Markdown table with the CPU's flags.
+median of ``--repeats`` runs each, interleaved, the order alternating (ours first, then
+theirs first). Prints a Markdown table with the CPU's flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -23,11 +26,30 @@ from verispec.models.default import load_default_model
 from verispec.models.runtime import cpu_features
 
 
+def first_token_ours(model: Any, ids: torch.Tensor) -> tuple[int, float]:
+    """The runtime's first new token after ``ids`` and the seconds it took."""
+    start = time.perf_counter()
+    model.prefill(ids)
+    token = int(model.forward_tree(DraftTree.empty())[0].argmax())
+    return token, time.perf_counter() - start
+
+
+def first_token_transformers(hf: Any, ids: torch.Tensor) -> tuple[int, float]:
+    """transformers' first new token after ``ids`` (greedy ``generate``) and its seconds."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(
+            ids[None], attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=1, do_sample=False, pad_token_id=0,
+        )  # fmt: skip
+    return int(out[0, -1]), time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="1024,4096,8192")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, _ = load_default_model(max_length=8192 + 64)
@@ -37,21 +59,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for length in (int(n) for n in args.lengths.split(",")):
         ids = torch.randint(100, 40_000, (length,), generator=torch.Generator().manual_seed(length))
-        ours, theirs = [], []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            model.prefill(ids)
-            first = int(model.forward_tree(DraftTree.empty())[0].argmax())
-            ours.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            with torch.no_grad():
-                out = hf.generate(
-                    ids[None], attention_mask=torch.ones(1, length, dtype=torch.long),
-                    max_new_tokens=1, do_sample=False, pad_token_id=0,
-                )  # fmt: skip
-            theirs.append(time.perf_counter() - start)
-        a, b = min(ours), min(theirs)
-        same = first == int(out[0, -1])
+        runs: dict[str, list[tuple[int, float]]] = {"ours": [], "theirs": []}
+        for repeat in range(args.repeats):
+            order = ["ours", "theirs"] if repeat % 2 == 0 else ["theirs", "ours"]
+            for who in order:
+                run = first_token_ours(model, ids) if who == "ours" else None
+                runs[who].append(run or first_token_transformers(hf, ids))
+        a = statistics.median(s for _, s in runs["ours"])
+        b = statistics.median(s for _, s in runs["theirs"])
+        same = {t for t, _ in runs["ours"]} == {t for t, _ in runs["theirs"]}
         print(
             f"| {length} | {a:.2f} | {length / a:.0f} | {b:.2f} | {length / b:.0f} | "
             f"{b / a:.2f}x | {'yes' if same else 'no'} |",

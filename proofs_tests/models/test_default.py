@@ -41,13 +41,23 @@ def test_package_without_weights(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 
 def test_failed_conversion_leaves_no_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A conversion that fails half-way leaves neither a cache entry nor a staging directory."""
+    """A conversion that fails half-way (writing the float32 weights) leaves neither a cache
+    entry nor a staging directory."""
+    import types
+
     import transformers
 
-    def fail(*args: object, **kwargs: object) -> None:
-        raise OSError("disk full (simulated)")
+    class HalfWritten:  # the model read, then the disk fills while its weights are written
+        config = types.SimpleNamespace()
 
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail)
+        def save_pretrained(self, directory: Path) -> None:
+            (Path(directory) / "model.safetensors").write_bytes(b"half")
+            raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: HalfWritten()
+    )
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
     with pytest.raises(OSError, match="simulated"):
         load_default_model(cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []

@@ -174,3 +174,30 @@ def test_unreadable_models_raise_one_named_error_and_leave_no_cache(
             assert sum("error" in line for line in lines) == 1, (what, flag, lines)
             assert path.name in lines[-1], (what, flag, lines)
         assert not cache.exists() or not any(cache.iterdir()), what
+
+
+def test_a_damaged_converted_copy_is_converted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GGUF file's cached conversion whose weights were cut short (a disk filled mid-write,
+    a stray edit) is not an error for ever: it is removed, converted again once (a notice
+    says so), and the model loads."""
+    from verispec.models import default
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF-not-read-here")
+    converted = _gguf_cache(gguf, tmp_path / "cache")
+    save_tiny_model(converted)
+    weights = converted / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    conversions = []
+
+    def convert(source: Path, target: Path) -> None:  # the real one reads a real GGUF file
+        conversions.append(source)
+        save_tiny_model(target)
+
+    monkeypatch.setattr(default, "_convert", convert)
+    model, tokenizer = load_model(gguf, cache_dir=tmp_path / "cache")
+    assert isinstance(model, FastModel) and len(tokenizer) == 258
+    assert conversions == [gguf]
+    assert f"converting `{gguf}` again" in capsys.readouterr().err

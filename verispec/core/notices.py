@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-__all__ = ["notices_enabled", "set_notices", "waiting"]
+__all__ = ["notice", "notices_enabled", "set_notices", "waiting"]
 
 _STATE = {"enabled": True}
 
@@ -24,6 +24,12 @@ def set_notices(enabled: bool) -> None:
 def notices_enabled() -> bool:
     """Whether notices are printed."""
     return _STATE["enabled"]
+
+
+def notice(message: str) -> None:
+    """``verispec: <message>`` on stderr (when notices are on)."""
+    if _STATE["enabled"]:
+        print(f"verispec: {message}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

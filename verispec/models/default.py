@@ -223,13 +223,11 @@ def load_default_model(
     if runtime not in RUNTIMES:
         raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
     gguf = _package_gguf()
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    target = root / _cache_key(gguf)
-    if not (target / "config.json").is_file():
-        _convert(gguf, target)
-    # The source model has the runtime's dtype too: it is the `hf` peers' model.
+    # The file's converted copy is cached (converted again if damaged); the source model
+    # has the runtime's dtype too: it is the `hf` peers' model.
     model, tokenizer = load_model(
-        target,
+        gguf,
+        cache_dir=cache_dir,
         dtype=dtype,
         device=device,
         runtime=runtime,

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from verispec.core.notices import notice
 from verispec.errors import ConfigError, ModelFileError
 
 __all__ = ["load_model", "model_source"]
@@ -74,6 +76,33 @@ def _gguf_cache(gguf: Path, cache_dir: Path) -> Path:
     return cache_dir / f"gguf-{gguf.stem}-{digest}-v{default._CACHE_VERSION}"
 
 
+def _read_causal_lm(directory: Path, dtype: Any, what: str) -> Any:
+    """transformers' model from a ``save_pretrained`` directory, every weight read.
+
+    Raises:
+        ModelFileError: naming ``what``: the files cannot be read, or some weight is not in
+            them (transformers would initialise it at random and carry on).
+    """
+    from transformers import AutoModelForCausalLM
+
+    try:
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            str(directory), dtype=dtype, attn_implementation="sdpa", output_loading_info=True
+        )
+    except Exception as exc:  # OSError, ValueError, safetensors' errors, struct.error...
+        raise ModelFileError(
+            f"cannot load a causal LM from {what}: {type(exc).__name__}: {exc}"
+        ) from None
+    hf_model, info = loaded
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise ModelFileError(
+            f"cannot load a causal LM from {what}: {len(missing)} weights are missing from "
+            f"its files (e.g. {missing[0]}); a weight shard is missing or incomplete."
+        )
+    return hf_model
+
+
 def load_model(
     path: str | os.PathLike[str],
     *,
@@ -104,9 +133,10 @@ def load_model(
         ConfigError: a path that is not a model, or an unknown ``runtime``.
         ModelFileError: (a ``ConfigError``) a file or directory that cannot be read: not
             GGUF, truncated, a missing shard, an architecture transformers does not know,
-            a tokenizer that cannot be loaded. Nothing is left in the cache.
+            a tokenizer that cannot be loaded. Nothing is left in the cache; a damaged
+            converted copy of a GGUF file is converted again (once).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from verispec.models.default import RUNTIMES, _convert, default_cache_dir, make_target
     from verispec.models.runtime import default_dtype
@@ -121,22 +151,16 @@ def load_model(
         converted = _gguf_cache(source, root)
         if not (converted / "config.json").is_file():
             _convert(source, converted)
+        try:
+            hf_model = _read_causal_lm(converted, dtype, f"the converted copy of `{path}`")
+        except ModelFileError as exc:  # a damaged cache entry: made again from the file
+            notice(f"{exc}; converting `{path}` again")
+            shutil.rmtree(converted, ignore_errors=True)
+            _convert(source, converted)
+            hf_model = _read_causal_lm(converted, dtype, f"the converted copy of `{path}`")
         source = converted
-    try:
-        loaded: Any = AutoModelForCausalLM.from_pretrained(
-            str(source), dtype=dtype, attn_implementation="sdpa", output_loading_info=True
-        )
-    except Exception as exc:  # OSError, ValueError, safetensors' errors, struct.error...
-        raise ModelFileError(
-            f"cannot load a causal LM from `{path}`: {type(exc).__name__}: {exc}"
-        ) from None
-    hf_model, info = loaded
-    missing = sorted(info.get("missing_keys") or ())
-    if missing:  # transformers would initialise them at random and carry on
-        raise ModelFileError(
-            f"cannot load a causal LM from `{path}`: {len(missing)} weights are missing from "
-            f"its files (e.g. {missing[0]}); a weight shard is missing or incomplete."
-        )
+    else:
+        hf_model = _read_causal_lm(source, dtype, f"`{path}`")
     hf_model = hf_model.to(device)
     tokenizer_source = Path(tokenizer).expanduser() if tokenizer is not None else source
     try:
