@@ -640,9 +640,11 @@ class FastModel(TreeSequenceModel):
         length = -(-(start + padded) // _SLOT_ALIGN) * _SLOT_ALIGN
         self._reserve(length)
         where = torch.tensor([start, length])
-        forward = self._shared.wrapper or self.transformer
-        if prompt:
-            forward = functools.partial(self.transformer, prompt=True)
+        forward = (
+            functools.partial(self.transformer, prompt=True)
+            if prompt
+            else self._shared.wrapper or self.transformer
+        )
         with torch.inference_mode():
             hidden = forward(
                 tokens.to(self.device, non_blocking=True),
