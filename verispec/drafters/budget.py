@@ -27,6 +27,7 @@ import os
 import platform
 import statistics
 import time
+from bisect import bisect_right
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,9 @@ class LatencyTable:
     longer: tuple[tuple[float, ...], ...] = attrs.field(
         default=(), converter=_rows, validator=_check_table
     )
+    _dense: dict[int, torch.Tensor] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False
+    )  # upto()'s rows, by limit
 
     @property
     def rows(self) -> tuple[tuple[float, ...], ...]:
@@ -145,6 +149,29 @@ class LatencyTable:
         hi = int(torch.searchsorted(cs, at, right=True).clamp(1, len(cs) - 1))
         weight = (at - cs[hi - 1]) / (cs[hi] - cs[hi - 1])
         return stacked[..., hi - 1] + weight * (stacked[..., hi] - stacked[..., hi - 1])
+
+    def upto(self, limit: int, context: int | None = None) -> torch.Tensor:
+        """``T(0), ..., T(limit)`` after ``context`` committed tokens: :meth:`at` of
+        ``arange(limit + 1)``, from rows interpolated once per limit (a drafter asks every
+        step).
+
+        Returns:
+            float64, Shape: (limit + 1,).
+        """
+        rows = self._dense.get(limit)
+        if rows is None:
+            n = torch.arange(limit + 1, dtype=torch.float64)
+            xs = torch.tensor(self.sizes, dtype=torch.float64)
+            rows = torch.stack(
+                [_interpolate(xs, torch.tensor(row, dtype=torch.float64), n) for row in self.rows]
+            )
+            self._dense[limit] = rows
+        if context is None or rows.shape[0] == 1:
+            return rows[0]
+        at = float(max(context, self.contexts[0]))
+        hi = min(max(bisect_right(self.contexts, at), 1), len(self.contexts) - 1)
+        lo_c, hi_c = self.contexts[hi - 1], self.contexts[hi]
+        return torch.lerp(rows[hi - 1], rows[hi], (at - lo_c) / (hi_c - lo_c))
 
     @property
     def max_size(self) -> int:
@@ -203,7 +230,7 @@ def choose_budget(
     """
     values = torch.as_tensor(values_sorted_desc, dtype=torch.float64).reshape(-1)
     expected = torch.cat([torch.ones(1, dtype=torch.float64), 1.0 + values.cumsum(0)])  # (M + 1,)
-    rate = expected / latency.at(torch.arange(values.numel() + 1), context)
+    rate = expected / latency.upto(values.numel(), context)
     return int(rate.argmax())
 
 
@@ -316,9 +343,11 @@ def latency_for(
     The cache file is named after :func:`device_key` (model, dtype, device, CPU threads,
     runtime), under ``$VERISPEC_CACHE/latency`` or ``~/.cache/verispec/latency``. A cached
     table that lacks a requested size, or a requested context that fits the model, is
-    measured again; ``remeasure=True`` always measures and overwrites it.
+    measured again; ``remeasure=True`` always measures and overwrites it. Sizes that
+    do not fit the model's context are left out.
     """
     key = device_key(model)
+    sizes = [s for s in sizes if s + 2 <= model.max_length] or [0]  # trees that fit
     folder = Path(cache_dir) if cache_dir is not None else paths.cache_dir("latency")
     path = folder / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
     fitting = {c for c in contexts if c + max(sizes, default=0) < model.max_length}
