@@ -63,7 +63,7 @@ def test_methods_lists_every_registered_method(capsys: pytest.CaptureFixture[str
     text = capsys.readouterr().out
     starts = [line.split()[0] for line in text.splitlines() if line and not line[0].isspace()]
     assert starts == list(METHODS)
-    assert "template (2.2.2|80|8|16|32" in text
+    assert "template (auto|2.2.2|80|8|16|32" in text
 
 
 @pytest.mark.parametrize(

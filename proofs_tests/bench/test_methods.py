@@ -31,7 +31,7 @@ def test_parameters_are_typed_and_labelled() -> None:
 def test_defaults_are_filled_in_and_given_values_win() -> None:
     """`params` holds every parameter: the registry default unless the spec set it."""
     spec = parse_method("tr:k=4", METHODS)
-    assert spec.params == {"template": "2.2.2", "k": 4, "prune": True}
+    assert spec.params == {"template": "auto", "k": 4, "prune": True}
 
 
 def test_a_bare_key_value_item_continues_the_previous_spec() -> None:

@@ -379,7 +379,6 @@ def test_auto_budget_narrows_the_beam_to_the_chosen_sizes() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"budget": "auto"}, "latency table"),
         ({"budget": -1}, "`budget`"),
         ({"budget": "big"}, "`budget`"),
         ({"k": 0}, "`k`"),
@@ -395,6 +394,14 @@ def test_bad_arguments_are_refused(kwargs: dict, match: str) -> None:
     """Out-of-range settings raise ConfigError naming the argument."""
     with pytest.raises(ConfigError, match=match):
         DynamicTokenRecycling(**kwargs)
+
+
+def test_auto_without_a_latency_table_is_refused_when_it_drafts() -> None:
+    """``budget="auto"`` (the default) with no table given or bound: a clear error at the
+    first ``propose`` naming the latency table, not a guessed tree size."""
+    drafter = DynamicTokenRecycling(vocab_size=16)
+    with pytest.raises(ConfigError, match="latency table"):
+        drafter.propose(_state([3]))
 
 
 def test_vocabulary_mismatch_and_reset() -> None:

@@ -70,7 +70,7 @@ def test_longest_match_first_then_most_recent() -> None:
 
 def test_no_match_gives_the_empty_tree() -> None:
     """A context whose last token never occurred before gets only the root."""
-    drafter = PromptLookup()
+    drafter = PromptLookup(max_tokens=10)
     state = _state([1, 2, 3, 4])
     drafter.begin(state)
     assert drafter.propose(state).num_nodes == 0

@@ -238,6 +238,9 @@ class SpeculativeDecoder:
                 )
         self.target = target
         self.drafter: Drafter = drafter
+        bind = getattr(drafter, "bind_target", None)
+        if callable(bind):  # optional: a drafter sized by the device reads T(n) here
+            bind(target)
         # a draft-model drafter exposes its model as `.draft`: it must share the vocabulary
         draft_vocab = getattr(getattr(self.drafter, "draft", None), "vocab_size", None)
         if draft_vocab is not None and draft_vocab != target.vocab_size:

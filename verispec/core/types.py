@@ -260,7 +260,11 @@ class LanguageModel(Protocol):
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes a draft tree each step and learns from what was accepted."""
+    """Proposes a draft tree each step and learns from what was accepted.
+
+    Optional: ``bind_target(target)``, called by the decoder when it is built, for
+    drafters that size their trees from the target (its measured step latency).
+    """
 
     needs_draft_model: ClassVar[bool]
 

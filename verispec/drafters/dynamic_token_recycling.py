@@ -45,12 +45,19 @@ accepted 10-12% of the time where their pooled calibration predicted 14-17%.
 **Budget.** A fixed ``budget=N``, or ``budget="auto"``: the prefix of the value order
 that maximises ``(1 + sum of values) / T(n)`` with ``T`` the target's measured latency
 (:mod:`verispec.drafters.budget`). With ``"auto"`` the candidates are searched no wider
-than ``2 n + 8`` for the last chosen ``n`` (up to ``max_budget``): where the rule keeps
+than ``2 n + 8`` and no deeper than ``n + 3`` for the last chosen ``n`` (up to
+``max_budget`` and ``max_depth``): where the rule keeps
 choosing one or two nodes (a CPU whose tree steps cost several single-token steps), the
 beam stays narrow and cheap, and it widens again as soon as larger trees are chosen.
+``"auto"`` (the default) also gates drafting on its measured pay-off
+(:mod:`verispec.drafters.gate`): while the steps it drafts commit tokens more slowly
+than plain decoding would, counting the drafter's own time, it sends the empty tree for
+a doubling stretch of steps between probes, so it is never far below plain decoding.
 
-Exactness: the tree is a function of the drafter's state (matrix, calibration, context),
-which only changes in ``observe``; it never depends on the current step's random draws.
+Exactness: the tree is a function of the drafter's state (matrix, calibration, context,
+and with ``"auto"`` the gate's clock), which only changes in ``observe``; it never depends
+on the current step's random draws. The clock makes ``"auto"``'s trees vary from run to
+run, never its output.
 
 Shape glossary: N tree nodes, V vocabulary, K candidates per token.
 """
@@ -76,6 +83,7 @@ from verispec.drafters.candidates import (
     tried_and_hit,
     update_by_agreement,
 )
+from verispec.drafters.gate import DeviceSized
 from verispec.drafters.prompt_lookup import PromptLookup
 from verispec.drafters.suffix import SOURCES, SuffixDrafter
 from verispec.drafters.token_recycling import row_topk_scored
@@ -122,7 +130,7 @@ class DynamicTokenRecyclingOptions(CalibrationOptions):
     """DynamicTokenRecycling's scalar parameters, checked (the one description of them)."""
 
     budget: int | str = option(
-        16, integer_or_auto, 0, help="nodes per step, or auto (latency table)"
+        "auto", integer_or_auto, 0, help="nodes per step, or auto (latency table and gate)"
     )
     k: int = option(8, integer, 1, high=1024, help="candidates recycled per token (K)")
     fusion: bool = option(True, boolean, help="add prompt-lookup candidates")
@@ -131,18 +139,21 @@ class DynamicTokenRecyclingOptions(CalibrationOptions):
     max_depth: int = option(12, integer, 1, help="deepest node considered")
 
 
-class DynamicTokenRecycling:
+class DynamicTokenRecycling(DeviceSized):
     """Token Recycling with a budget-optimal, calibrated, PLD-fused dynamic tree.
 
     Args:
-        budget: nodes per step, or ``"auto"`` to let the latency table choose each step.
+        budget: nodes per step, or ``"auto"`` (the default): the latency table chooses
+            each step's size, and a :class:`~verispec.drafters.gate.DraftGate` stops
+            drafting while it does not pay (plain decoding steps, with probes).
         k: K, candidates recycled per token.
         fusion: add prompt-lookup candidates (``prompt_lookup`` configures them); not
             with ``suffix=True``, whose context matches cover the same ground.
         suffix: add suffix-match candidates from the context and a corpus
             (``suffix_drafter`` configures them), valued by agreement (module notes).
-        latency: the target's :class:`~verispec.drafters.budget.LatencyTable`, needed by
-            ``budget="auto"`` (``verispec.drafters.budget.latency_for(model)``).
+        latency: the target's :class:`~verispec.drafters.budget.LatencyTable` for
+            ``budget="auto"``; by default :class:`verispec.SpeculativeDecoder` binds it
+            (``bind_target``: ``verispec.drafters.budget.latency_for(model)``).
         max_budget: most nodes ``"auto"`` may choose (and the beam width).
         max_depth: deepest node considered.
         prompt_lookup: the n-gram matcher used for fusion (default ``PromptLookup()``).
@@ -154,15 +165,15 @@ class DynamicTokenRecycling:
         vocab_size: allocate the matrix now rather than at the first observed step.
 
     Raises:
-        ConfigError: an argument out of range, ``"auto"`` without a latency table, or a
-            ``suffix_drafter`` without ``suffix=True``.
+        ConfigError: an argument out of range, or a ``suffix_drafter`` without
+            ``suffix=True``; at ``propose``, ``"auto"`` with no latency table given or bound.
     """
 
     needs_draft_model: ClassVar[bool] = False
 
     def __init__(
         self,
-        budget: int | str = 16,
+        budget: int | str = "auto",
         k: int = 8,
         *,
         fusion: bool = True,
@@ -186,11 +197,6 @@ class DynamicTokenRecycling:
             prior_strength=prior_strength,
             decay=decay,
         )
-        if budget == "auto" and latency is None:
-            raise ConfigError(
-                "`budget='auto'` needs the target's latency table; pass "
-                "`latency=verispec.drafters.budget.latency_for(model)`."
-            )
         if suffix_drafter is not None and not suffix:
             raise ConfigError("`suffix_drafter` is only used with `suffix=True`; got suffix=False.")
         self.budget = budget
@@ -199,7 +205,7 @@ class DynamicTokenRecycling:
         self.use_lookup = bool(fusion) and not suffix
         self.suffix = suffix_drafter if suffix_drafter is not None else SuffixDrafter()
         self.use_suffix = bool(suffix)
-        self.latency = latency
+        self._size_by_device(budget == "auto", latency)
         self.max_budget = max_budget if budget == "auto" else int(budget)
         self.max_depth = max_depth
         self.lookup = prompt_lookup if prompt_lookup is not None else PromptLookup()
@@ -332,13 +338,31 @@ class DynamicTokenRecycling:
         if self.use_suffix:
             self.suffix.begin(state)
         self._last = None
+        if self.gate is not None:
+            self.gate.reset()
 
     def propose(self, state: DecodeState) -> DraftTree:
-        """The most valuable connected tree of the budget's size (see the module notes)."""
+        """The most valuable connected tree of the budget's size (see the module notes);
+        with ``budget="auto"``, the empty tree while drafting does not pay
+        (:class:`~verispec.drafters.gate.DraftGate`)."""
+        if self.sized_by_device:
+            gate = self._gate("DynamicTokenRecycling(budget='auto')")
+            if not gate.drafting():
+                self._last = None
+                self.last_values = torch.empty(0, dtype=torch.float64)
+                return DraftTree.empty()
+            gate.clock_in()
+        tree = self._propose(state)
+        if self.gate is not None:
+            self.gate.clock_out()
+        return tree
+
+    def _propose(self, state: DecodeState) -> DraftTree:
         width = min(self.max_budget, state.max_nodes)
-        if self.budget == "auto":  # no wider than twice the last chosen size, plus 8
-            width = min(width, self._auto_width)
         depth_cap = min(self.max_depth, max(width, 1))
+        if self.budget == "auto":  # no wider than 2 n + 8, no deeper than n + 3 (n: the last size)
+            width = min(width, self._auto_width)
+            depth_cap = min(depth_cap, max(self._auto_width // 2 - 1, 1))
         cands = self._recycled(state.tokens[-1], width, depth_cap)
         if width > 0 and cands.num_nodes > width:  # the top `width` of the beam: a connected tree
             cands = cands.take(torch.topk(cands.values, width).indices.sort().values)
@@ -349,7 +373,7 @@ class DynamicTokenRecycling:
             cands = revalue(fuse(cands, found.placed(_COLUMNS, _SUFFIX)), self._sources,
                             self._shared)  # fmt: skip
         order = torch.argsort(cands.values, descending=True, stable=True)  # parents first
-        if self.budget == "auto":
+        if self.sized_by_device:
             assert self.latency is not None
             n = choose_budget(cands.values[order][:width], self.latency, context=len(state.tokens))
             self._auto_width = min(self.max_budget, 2 * n + 8)
@@ -362,6 +386,16 @@ class DynamicTokenRecycling:
 
     def observe(self, outcome: StepOutcome) -> None:
         """Recycle the target's top-K at every scored row and calibrate on what was accepted."""
+        if self.gate is not None:
+            self.gate.clock_in()
+        self._observe(outcome)
+        if self.gate is not None:
+            verdict = outcome.verdict
+            self.gate.record(
+                outcome.tree.num_nodes, len(verdict.accepted), len(outcome.state.tokens)
+            )
+
+    def _observe(self, outcome: StepOutcome) -> None:
         logits = outcome.target_logits  # (N + 1, V)
         vocab = logits.shape[-1]
         if self._ids is None:

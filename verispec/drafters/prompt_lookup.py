@@ -41,10 +41,17 @@ import torch
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
-from verispec.core.validate import integer, interval, option
+from verispec.core.validate import integer, integer_or_auto, interval, option
+from verispec.drafters.budget import LatencyTable, choose_budget
+from verispec.drafters.candidates import tried_and_hit
+from verispec.drafters.gate import DeviceSized
 from verispec.errors import ConfigError
 
 __all__ = ["LookupCandidates", "NgramIndex", "PromptLookup", "PromptLookupOptions"]
+
+_AUTO_MOST = 32  # max_tokens="auto": most nodes a step may send
+_PRIOR_TRIES = 4.0  # ... pseudo-tries of the acceptance prior (the `acceptance` option)
+_DECAY = 0.999  # ... per-step forgetting of the tried / accepted counts
 
 
 class NgramIndex:
@@ -117,13 +124,16 @@ class LookupCandidates:
 class PromptLookupOptions:
     """PromptLookup's parameters, checked (the one description of them)."""
 
-    max_tokens: int = option(10, integer, 1, spec="max", help="most draft nodes per step")
+    max_tokens: int | str = option(
+        "auto", integer_or_auto, 1, spec="max",
+        help="most draft nodes per step, or auto (latency table and gate)",
+    )  # fmt: skip
     min_ngram: int = option(1, integer, 1, help="shortest suffix matched")
     max_ngram: int = option(3, integer, 1, help="longest suffix matched")
     max_matches: int = option(8, integer, 1, help="earlier occurrences merged per step")
     tree: bool = option(True, kind="bool", help="a tree of continuations (false: one chain)")
     acceptance: float = option(
-        0.5, interval, 0, 1, help="assumed acceptance, splits depth/branches"
+        0.5, interval, 0, 1, help="assumed acceptance (auto: its prior), splits depth/branches"
     )
 
     def __attrs_post_init__(self) -> None:
@@ -134,17 +144,24 @@ class PromptLookupOptions:
             )
 
 
-class PromptLookup:
+class PromptLookup(DeviceSized):
     """Prompt-lookup drafter that proposes a tree of the context's continuations.
 
     Args:
-        max_tokens: most nodes sent per step (transformers' ``prompt_lookup_num_tokens``).
+        max_tokens: most nodes sent per step (transformers' ``prompt_lookup_num_tokens``),
+            or ``"auto"`` (the default): as many of the most valuable nodes (up to 32) as
+            the target's latency table pays for, with the per-token acceptance learned
+            from the accepted nodes, and no tree while drafting does not pay
+            (:mod:`verispec.drafters.gate`).
         min_ngram, max_ngram: suffix lengths matched, longest first (transformers:
             ``max_matching_ngram_size=2``, down to 1).
         max_matches: most earlier occurrences merged per step.
         tree: ``False`` sends one chain (the best occurrence's continuation).
         acceptance: the per-token acceptance assumed by the node value, in (0, 1); it
-            only sets how the budget is split between depth and branches.
+            only sets how the budget is split between depth and branches (with ``"auto"``:
+            the prior of the learned acceptance).
+        latency: the target's :class:`~verispec.drafters.budget.LatencyTable` for
+            ``"auto"``; by default :class:`verispec.SpeculativeDecoder` binds it.
 
     Raises:
         ConfigError: an argument out of range.
@@ -154,13 +171,14 @@ class PromptLookup:
 
     def __init__(
         self,
-        max_tokens: int = 10,
+        max_tokens: int | str = "auto",
         min_ngram: int = 1,
         max_ngram: int = 3,
         *,
         max_matches: int = 8,
         tree: bool = True,
         acceptance: float = 0.5,
+        latency: LatencyTable | None = None,
     ) -> None:
         self.options = PromptLookupOptions(
             max_tokens, min_ngram, max_ngram, max_matches, tree, acceptance
@@ -170,6 +188,9 @@ class PromptLookup:
         self.tree = bool(tree)
         self.acceptance = float(acceptance)
         self.index = NgramIndex(self.min_ngram, self.max_ngram)
+        self._size_by_device(max_tokens == "auto", latency)
+        self._tried, self._hits = _PRIOR_TRIES, _PRIOR_TRIES * self.acceptance  # "auto"
+        self._last: DraftTree | None = None
 
     # -- matching ---------------------------------------------------------------------
 
@@ -203,7 +224,7 @@ class PromptLookup:
             tokens: the committed context; its last token is the root.
             max_depth: longest continuation taken (default ``max_tokens``).
         """
-        depth_cap = self.max_tokens if max_depth is None else max_depth
+        depth_cap = self.most_nodes if max_depth is None else max_depth
         found = self.matches(tokens)
         node_of: dict[tuple[int, int], int] = {}
         toks: list[int] = []
@@ -240,36 +261,78 @@ class PromptLookup:
 
     # -- Drafter protocol -------------------------------------------------------------
 
+    @property
+    def most_nodes(self) -> int:
+        """Most nodes a step may send: ``max_tokens``, or 32 with ``"auto"``."""
+        return _AUTO_MOST if self.max_tokens == "auto" else int(self.max_tokens)
+
     def begin(self, state: DecodeState) -> None:
         """Index the prompt (a new sequence: the previous index is dropped)."""
         self.index.reset()
         self.index.sync(state.tokens)
+        self._last = None
+        if self.gate is not None:
+            self.gate.reset()
 
     def propose(self, state: DecodeState) -> DraftTree:
-        """The ``max_tokens`` most valuable continuation nodes, as a deterministic tree."""
-        budget = min(self.max_tokens, state.max_nodes)
+        """The ``max_tokens`` most valuable continuation nodes, as a deterministic tree
+        (``"auto"``: as many as pay, or the empty tree while drafting does not pay)."""
+        if not self.sized_by_device:
+            return self._propose(state)
+        gate = self._gate("PromptLookup(max_tokens='auto')")
+        self._last = None
+        if not gate.drafting():
+            return DraftTree.empty()
+        gate.clock_in()
+        tree = self._last = self._propose(state)
+        gate.clock_out()
+        return tree
+
+    def _propose(self, state: DecodeState) -> DraftTree:
+        budget = min(self.most_nodes, state.max_nodes)
         if budget <= 0:
             return DraftTree.empty()
         cand = self.candidates(state.tokens)
         if cand.num_nodes == 0:
             return DraftTree.empty()
+        alpha = self._hits / self._tried if self.sized_by_device else self.acceptance
+        depth = cand.depth.tolist()
         if self.tree:
-            alpha = self.acceptance
-            share, depth, rank = cand.share.tolist(), cand.depth.tolist(), cand.rank.tolist()
+            share, rank = cand.share.tolist(), cand.rank.tolist()
             value = [alpha**d * s for d, s in zip(depth, share, strict=True)]  # never up a path
             best = sorted(range(cand.num_nodes), key=lambda i: (-value[i], rank[i], depth[i]))
-            order = torch.tensor(best[:budget], dtype=torch.long)
         else:
-            order = torch.arange(min(budget, cand.num_nodes))  # one occurrence: a chain
-        return _subtree(cand, order)
+            best = list(range(cand.num_nodes))  # one occurrence: a chain
+            value = [alpha**d for d in depth]
+        best = best[:budget]
+        if self.sized_by_device:
+            assert self.latency is not None
+            values = [value[i] for i in best]
+            best = best[: choose_budget(values, self.latency, context=len(state.tokens))]
+        return _subtree(cand, torch.tensor(best, dtype=torch.long))
 
     def observe(self, outcome: StepOutcome) -> None:
-        """Index the newly committed tokens."""
+        """Index the newly committed tokens (``"auto"``: and learn the acceptance)."""
+        if self.gate is None:
+            self.index.sync(outcome.state.tokens)
+            return
+        self.gate.clock_in()
         self.index.sync(outcome.state.tokens)
+        if self._last is not None and self._last is outcome.tree and self._last.num_nodes:
+            tried, hit = tried_and_hit(outcome.tree, outcome.verdict)
+            self._tried = _DECAY * self._tried + int(tried.sum())
+            self._hits = _DECAY * self._hits + int(hit.sum())
+        self._last = None
+        context = len(outcome.state.tokens)
+        self.gate.record(outcome.tree.num_nodes, len(outcome.verdict.accepted), context)
 
     def reset(self) -> None:
-        """Forget the indexed context."""
+        """Forget the indexed context (and, with ``"auto"``, the learned acceptance)."""
         self.index.reset()
+        self._tried, self._hits = _PRIOR_TRIES, _PRIOR_TRIES * self.acceptance
+        self._last = None
+        if self.gate is not None:
+            self.gate.reset()
 
 
 def _subtree(cand: LookupCandidates, order: torch.Tensor) -> DraftTree:

@@ -9,7 +9,7 @@ duplicate paths, and every slot is below the adjacency width K.
 
 Shipped templates:
 
-* ``"2.2.2"`` — the published Token Recycling tree (repository
+* ``"2.2.2"`` (also named ``"80"``) — the published Token Recycling tree (repository
   ``Luowaterbi/TokenRecycling``, ``model/recycling/tree_template_.py``): 80 nodes on
   6 levels with 8 / 21 / 25 / 15 / 8 / 3 nodes per level, transcribed exactly.
 * ``"8"``, ``"16"``, ``"32"`` — the first 8, 16 and 32 nodes of ``"2.2.2"`` in its
@@ -61,6 +61,7 @@ TEMPLATE_2_2_2: tuple[Path, ...] = (
 
 TEMPLATES: dict[str, tuple[Path, ...]] = {
     "2.2.2": TEMPLATE_2_2_2,
+    "80": TEMPLATE_2_2_2,  # the published tree by its size
     "8": TEMPLATE_2_2_2[:8],
     "16": TEMPLATE_2_2_2[:16],
     "32": TEMPLATE_2_2_2[:32],
@@ -189,8 +190,8 @@ def resolve_template(template: TemplateSpec, k: int) -> TreeTemplate:
     """Turn a template name, a size or a list of index paths into a :class:`TreeTemplate`.
 
     Args:
-        template: ``"2.2.2"``, ``"8"``, ``"16"``, ``"32"`` (or those sizes as ints), a
-            list of index paths, or a :class:`TreeTemplate`.
+        template: ``"2.2.2"`` (also ``"80"``), ``"8"``, ``"16"``, ``"32"`` (or those
+            sizes as ints), a list of index paths, or a :class:`TreeTemplate`.
         k: the adjacency width K; every slot must be below it.
 
     Raises:

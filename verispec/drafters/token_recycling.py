@@ -32,6 +32,17 @@ Choices where the paper leaves room (each marked "not in the paper" in the code)
   exact then (a repeated sibling has residual probability 0), it only wastes nodes.
 * **Persistence.** ``M`` persists across ``generate`` calls of one drafter instance,
   the paper's "hot start"; :meth:`TokenRecycling.reset` clears it.
+* **Sized by the device** (``template="auto"``, the default). The paper's 80-node tree
+  suits a GPU, where scoring 80 nodes costs about what one costs; on a CPU it made
+  decoding slower than plain decoding. With ``"auto"`` the 80-node template is expanded
+  as published and then cut: each slot ``j`` has a running acceptance rate (how often a
+  node in slot ``j`` was accepted when its parent was; prior ``0.4 / (j + 1)``, four
+  pseudo-tries, counts decaying by 0.999 a step), a node's value is the product of the
+  rates down its path, and the most valuable nodes are kept, as many as maximise
+  expected tokens per second under the target's measured latency table
+  (:func:`~verispec.drafters.budget.choose_budget`, as ``dtr:budget=auto``). A
+  :class:`~verispec.drafters.gate.DraftGate` sends the empty tree while drafting does not
+  pay. ``template="2.2.2"`` (or ``"80"``) is the published algorithm.
 
 Kernels. The expansion and the update each have a Triton kernel
 (:func:`verispec.kernels.ops.expand_template`, :func:`~verispec.kernels.ops.update_adjacency`);
@@ -55,6 +66,9 @@ import torch
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
 from verispec.core.validate import integer, option
+from verispec.drafters.budget import LatencyTable, choose_budget
+from verispec.drafters.candidates import tried_and_hit
+from verispec.drafters.gate import DeviceSized
 from verispec.drafters.templates import TemplateSpec, resolve_template
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.kernels import ops, reference
@@ -67,7 +81,14 @@ __all__ = [
     "row_topk_scored",
 ]
 
+_SLOT_PRIOR_TRIES = 4.0  # template="auto": pseudo-tries of each slot's prior rate
+_SLOT_DECAY = 0.999  # ... and the per-step forgetting of the slots' counts
 _CHUNK = 64  # row_topk's block width: best measured on a 2-core x86 CPU at V = 49,152
+
+
+def _slot_prior(k: int) -> torch.Tensor:
+    """Prior acceptance of a node in slot ``j`` once its parent is accepted: 0.4 / (j + 1)."""
+    return 0.4 / torch.arange(1, k + 1, dtype=torch.float64)
 
 
 def row_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,13 +169,15 @@ class TokenRecyclingOptions:
     )
 
 
-class TokenRecycling:
+class TokenRecycling(DeviceSized):
     """Token Recycling drafter (Luo et al., ACL 2025).
 
     Args:
-        template: ``"2.2.2"`` (80 nodes, the published tree), ``"8"``, ``"16"``, ``"32"``
-            (its first nodes in breadth-first order), or a list of index paths
-            (e.g. ``[[0], [1], [0, 0]]``).
+        template: ``"auto"`` (the default: the published tree cut each step to the size
+            the target's latency table pays for, see "Sized by the device" in the module
+            notes), ``"2.2.2"`` or ``"80"`` (80 nodes, the published tree: the GPU
+            setting), ``"8"``, ``"16"``, ``"32"`` (its first nodes in breadth-first
+            order), or a list of index paths (e.g. ``[[0], [1], [0, 0]]``).
         k: K, candidates kept per token (the adjacency width).
         prune_unknown: leave out slots whose candidate was never observed (default);
             ``False`` reads them as token 0 like the published code.
@@ -162,6 +185,8 @@ class TokenRecycling:
             observed step from the target logits' width.
         kernels: ``"auto"`` (the Triton kernels for logits on CUDA, PyTorch elsewhere),
             ``"triton"`` or ``"torch"``.
+        latency: the target's :class:`~verispec.drafters.budget.LatencyTable` for
+            ``template="auto"``; by default :class:`verispec.SpeculativeDecoder` binds it.
 
     Raises:
         ConfigError: ``k`` or ``kernels`` out of range, or an unknown template name.
@@ -173,17 +198,24 @@ class TokenRecycling:
 
     def __init__(
         self,
-        template: TemplateSpec = "2.2.2",
+        template: TemplateSpec = "auto",
         k: int = 8,
         *,
         prune_unknown: bool = True,
         vocab_size: int | None = None,
         kernels: str = "auto",
+        latency: LatencyTable | None = None,
     ) -> None:
         self.options = TokenRecyclingOptions(k=k, prune_unknown=prune_unknown)
         self.k = k
         self.kernels = require_triton(kernels)
-        self.template = resolve_template(template, k)
+        auto = isinstance(template, str) and template == "auto"
+        self.template = resolve_template("2.2.2" if auto else template, k)
+        self._size_by_device(auto, latency)
+        # template="auto": accepted / tried counts of each slot whose parent was accepted
+        self._slot_tried = torch.full((k,), _SLOT_PRIOR_TRIES, dtype=torch.float64)
+        self._slot_hits = self._slot_tried * _slot_prior(k)
+        self._last: tuple[DraftTree, torch.Tensor] | None = None  # the tree, its slots
         self.prune_unknown = prune_unknown
         self._adjacency: torch.Tensor | None = None  # int32 (V, K); -1 = unknown
         # Static tree when no slot is pruned: reused verbatim (structure cached once).
@@ -211,40 +243,96 @@ class TokenRecycling:
         return 0 if a is None else a.numel() * a.element_size()
 
     def reset(self) -> None:
-        """Forget every recycled candidate (the matrix becomes unknown everywhere)."""
+        """Forget every recycled candidate (the matrix becomes unknown everywhere) and,
+        with ``template="auto"``, the slots' rates and the gate."""
         if self._adjacency is not None:
             self._adjacency.fill_(-1)
+        self._slot_tried.fill_(_SLOT_PRIOR_TRIES)
+        self._slot_hits = self._slot_tried * _slot_prior(self.k)
+        self._last = None
+        if self.gate is not None:
+            self.gate.reset()
 
     # -- Drafter protocol -------------------------------------------------------------
 
     def begin(self, state: DecodeState) -> None:
-        """Nothing to do: the matrix is inherited from earlier queries (hot start)."""
+        """Nothing to do but restart the gate: the matrix is inherited from earlier queries
+        (hot start)."""
+        self._last = None
+        if self.gate is not None:
+            self.gate.reset()
 
     def propose(self, state: DecodeState) -> DraftTree:
-        """Expand the template from the last committed token."""
+        """Expand the template from the last committed token (``"auto"``: its most valuable
+        nodes, as many as pay, or the empty tree while drafting does not pay)."""
+        if not self.sized_by_device:
+            return self._template_tree(state.tokens[-1])
+        gate = self._gate("TokenRecycling(template='auto')")
+        self._last = None
+        if not gate.drafting():
+            return DraftTree.empty()
+        gate.clock_in()
+        tree = self._sized_tree(state)
+        gate.clock_out()
+        return tree
+
+    def _expand(self, root: int) -> torch.Tensor | None:
+        """The template's tokens below ``root``, Shape: (N,), ``-1`` where unknown; ``None``
+        before the matrix exists (or for a root outside it)."""
         adj = self._adjacency
-        root = state.tokens[-1]
         if adj is None or root >= adj.shape[0]:
-            return DraftTree.empty() if self.prune_unknown else self._zeros_tree()
+            return None
+        t = self.template
         if backend_for("Token Recycling expansion", adj.device, self.kernels) == "triton":
-            t = self.template
             rows = ops.expand_template(
                 adj, root, t.parents, t.slots, t.level_starts, kernels="triton"
             ).cpu()  # (N + 1,) the tree's tokens to the host: a sync
         else:
-            t = self.template
             rows = reference.expand_template(adj, root, t.parents, t.slots, t.level_starts)
-        tokens = rows[1:]
+        return rows[1:]
+
+    def _template_tree(self, root: int) -> DraftTree:
+        """The whole template (the published algorithm), unknown slots pruned or read as 0."""
+        tokens = self._expand(root)
+        if tokens is None:
+            return DraftTree.empty() if self.prune_unknown else self._zeros_tree()
         if not self.prune_unknown:  # not in the paper's wording: its zero init, read lazily
             return DraftTree.from_parents(tokens.clamp(min=0), self._full_parents, self._full_laws)
         known = tokens >= 0  # an unknown parent already made its children unknown
         if bool(known.all()):
             return DraftTree.from_parents(tokens, self._full_parents, self._full_laws)
-        kept = known.nonzero().squeeze(1)  # (n,) still parent-before-child
-        new_index = torch.cumsum(known, 0) - 1
+        return self._nodes(tokens, known.nonzero().squeeze(1))
+
+    def _nodes(self, tokens: torch.Tensor, kept: torch.Tensor) -> DraftTree:
+        """The template nodes ``kept`` (increasing, every parent kept) as a tree."""
+        new_index = torch.full((self.template.num_nodes,), -1, dtype=torch.long)
+        new_index[kept] = torch.arange(kept.numel())
         parents = self._full_parents[kept]
         parents = torch.where(parents >= 0, new_index[parents.clamp(min=0)], -1)
         return DraftTree.from_parents(tokens[kept], parents)
+
+    def _sized_tree(self, state: DecodeState) -> DraftTree:
+        """``template="auto"``: the template's nodes valued by their slots' acceptance rates
+        (a node's value is the product of the rates down its path), as many of the most
+        valuable as the budget rule pays for (:func:`~verispec.drafters.budget.choose_budget`)."""
+        tokens = self._expand(state.tokens[-1])
+        if tokens is None:
+            return DraftTree.empty()
+        t = self.template
+        rate = self._slot_hits / self._slot_tried  # (K,)
+        value = rate[t.slots]  # (N,) then times the parent's value, level by level
+        for lo, hi in zip(t.level_starts[1:-1], t.level_starts[2:], strict=True):
+            value[lo:hi] *= value[t.parents[lo:hi]]
+        value[tokens < 0] = 0.0  # unknown (and their subtrees)
+        order = torch.argsort(value, descending=True, stable=True)  # parents first
+        assert self.latency is not None
+        width = min(t.num_nodes, state.max_nodes)
+        n = choose_budget(value[order][:width], self.latency, context=len(state.tokens))
+        chosen = order[:n].sort().values
+        chosen = chosen[tokens[chosen] >= 0]  # an unknown node's children are unknown too
+        tree = self._nodes(tokens, chosen)
+        self._last = (tree, t.slots[chosen])
+        return tree
 
     def _zeros_tree(self) -> DraftTree:
         return DraftTree.from_parents(
@@ -261,6 +349,22 @@ class TokenRecycling:
         breadth-first node order); not in the paper, whose parallel scatter leaves it
         unspecified.
         """
+        if self.gate is None:
+            self._update(outcome)
+            return
+        self.gate.clock_in()
+        self._update(outcome)
+        if self._last is not None and self._last[0] is outcome.tree:  # learn the slots' rates
+            tried, hit = tried_and_hit(outcome.tree, outcome.verdict)
+            slots = self._last[1]
+            ones = torch.ones(slots.numel(), dtype=torch.float64)
+            self._slot_tried.mul_(_SLOT_DECAY).index_add_(0, slots[tried], ones[tried])
+            self._slot_hits.mul_(_SLOT_DECAY).index_add_(0, slots[hit], ones[hit])
+        self._last = None
+        context = len(outcome.state.tokens)
+        self.gate.record(outcome.tree.num_nodes, len(outcome.verdict.accepted), context)
+
+    def _update(self, outcome: StepOutcome) -> None:
         logits = outcome.target_logits  # (N + 1, V)
         vocab = logits.shape[-1]
         if self._adjacency is None:

@@ -66,8 +66,6 @@ def _model_free(name: str, make: Callable[[Any, dict[str, Any]], Any], options: 
 
 def _tr(target: Any, kwargs: dict[str, Any]) -> Any:
     _needs_target("tr", target, "its vocabulary size")
-    if kwargs["template"] == "80":
-        kwargs["template"] = "2.2.2"
     return TokenRecycling(**kwargs, vocab_size=target.vocab_size)
 
 
@@ -76,10 +74,6 @@ def _dtr(target: Any, kwargs: dict[str, Any]) -> Any:
     corpus_tokens = kwargs.pop("corpus_tokens", DEFAULT_CORPUS_TOKENS)
     if kwargs.get("suffix"):
         kwargs["suffix_drafter"] = SuffixDrafter(corpus=SuffixCorpus(corpus_tokens))
-    if kwargs.get("budget") == "auto":
-        from verispec.drafters.budget import latency_for
-
-        kwargs["latency"] = latency_for(target)  # measured once per device, cached
     return DynamicTokenRecycling(vocab_size=target.vocab_size, **kwargs)
 
 
@@ -172,9 +166,10 @@ _OWN = {  # the parameters a spec adds to the drafters' own
     "template": Param(
         "template",
         str,
-        "2.2.2",
-        "tree template (80 = 2.2.2)",
-        choices=("2.2.2", "80", "8", "16", "32"),
+        "auto",
+        "tree template: auto (the 80-node tree cut to what pays on this device), 2.2.2 "
+        "(= 80, the published tree: the GPU setting), 8, 16, 32",
+        choices=("auto", "2.2.2", "80", "8", "16", "32"),
     ),
 }
 _DRAFT_NOTE = "draft: a self-draft running `draft_layers` of the target's layers, or --draft-model"

@@ -1,0 +1,236 @@
+"""Tests of verispec/drafters/gate.py and of the drafters sized by the device.
+
+``tr``, ``pld`` and ``dtr`` draft, by default, as many nodes as the target's latency table
+pays for, and stop drafting while it does not pay (issue 25: no default slower than plain
+decoding). Their speed is measured by the benchmark; here: the gain's formula, the backing
+off, the sizing rule at its extremes (a flat table keeps every valued node, a steep one
+none), the slots' learned rates, the decoder binding the table, and exactness.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec import SpeculativeDecoder
+from verispec.core import DecodeState, GenerationConfig, SamplingParams, StepOutcome
+from verispec.core.types import Verdict
+from verispec.drafters import Autoregressive, PromptLookup, TokenRecycling
+from verispec.drafters.budget import LatencyTable
+from verispec.drafters.dynamic_token_recycling import DynamicTokenRecycling
+from verispec.drafters.gate import DraftGate
+from verispec.errors import ConfigError
+from verispec.verifiers import Greedy
+
+FLAT = LatencyTable([0, 100], [1.0, 1.0])  # every tree costs one plain step: all pay
+STEEP = LatencyTable([0, 1, 100], [1.0, 10.0, 1000.0])  # one node costs ten steps: none pays
+
+
+class FakeClock:
+    """Seconds that move only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _state(tokens: list[int]) -> DecodeState:
+    return DecodeState(
+        tokens=list(tokens),
+        prompt_length=1,
+        sampling=SamplingParams(),
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
+def _step(gate: DraftGate, clock: FakeClock, *, nodes: int, accepted: int, spent: float) -> bool:
+    """One engine step as a drafter runs it: ask, draft for ``spent`` seconds, record."""
+    drafted = gate.drafting()
+    if drafted:
+        gate.clock_in()
+        clock.now += spent
+        gate.clock_out()
+    gate.record(nodes if drafted else 0, accepted if drafted else 0, context=10)
+    return drafted
+
+
+# -- the gate --------------------------------------------------------------------------
+
+
+def test_the_gain_is_tokens_per_second_over_plain_decodings() -> None:
+    """g = (1 + accepted) T(0) / (T(n) + the drafter's seconds), at the step's context."""
+    table = LatencyTable([0, 4], [0.010, 0.030])
+    clock = FakeClock()
+    gate = DraftGate(table, clock=clock)
+    assert gate.drafting()
+    gate.clock_in()
+    clock.now += 0.002
+    gate.clock_out()
+    # T(2) = 0.020 by interpolation
+    assert gate.step_gain(2, 1, context=5) == pytest.approx(2 * 0.010 / (0.020 + 0.002))
+    gate.record(2, 1, context=5)
+    assert gate.gain == pytest.approx(2 * 0.010 / 0.022)
+
+
+def test_losing_steps_back_off_doubling_and_a_winning_probe_ends_it() -> None:
+    """While the mean gain is below 1, drafting stops for 1, 2, 4, ... steps (at most
+    max_skip) between probes; a probe that lifts the mean to 1 drafts every step again."""
+    clock = FakeClock()
+    gate = DraftGate(STEEP, max_skip=4, smoothing=1.0, clock=clock)
+    pattern = [_step(gate, clock, nodes=1, accepted=0, spent=0.0) for _ in range(16)]
+    # drafted, skip 1, drafted, skip 2, drafted, skip 4, drafted, skip 4 (the cap), ...
+    assert pattern == [True, False, True, False, False, True] + [False] * 4 + [True] + [
+        False
+    ] * 4 + [True]
+    gate.latency = FLAT  # drafting now pays: the next probe ends the backing off
+    while not _step(gate, clock, nodes=3, accepted=2, spent=0.0):
+        pass
+    assert gate.skip == 0
+    assert all(_step(gate, clock, nodes=3, accepted=2, spent=0.0) for _ in range(5))
+
+
+def test_drafting_that_never_pays_costs_a_probe_every_max_skip_steps() -> None:
+    """On text where nothing is accepted, a drafter ends up plain decoding: over 200 steps
+    it drafts only at the probes (the first few, then one every ``max_skip + 1`` steps)."""
+    clock = FakeClock()
+    gate = DraftGate(FLAT, max_skip=16, clock=clock)
+    # flat T, but the drafter's own time makes a zero-acceptance step lose
+    drafted = sum(_step(gate, clock, nodes=4, accepted=0, spent=0.5) for _ in range(200))
+    assert drafted <= 5 + 200 // 17
+
+
+def test_reset_forgets_the_gain_and_the_backing_off() -> None:
+    clock = FakeClock()
+    gate = DraftGate(STEEP, clock=clock)
+    _step(gate, clock, nodes=1, accepted=0, spent=0.0)
+    assert gate.gain is not None and not gate.drafting()
+    gate.reset()
+    assert gate.gain is None and gate.skip == 0 and gate.drafting()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"), [({"max_skip": -1}, "max_skip"), ({"smoothing": 0.0}, "smoothing")]
+)
+def test_bad_gate_arguments_are_refused(kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        DraftGate(FLAT, **kwargs)
+
+
+# -- Token Recycling, template="auto" ------------------------------------------------
+
+
+def _recycling(latency: LatencyTable | None, vocab: int = 12, **kw) -> TokenRecycling:
+    drafter = TokenRecycling(vocab_size=vocab, latency=latency, **kw)
+    assert drafter.adjacency is not None
+    generator = torch.Generator().manual_seed(1)
+    for row in range(vocab):  # every row known: distinct ids
+        drafter.adjacency[row] = torch.randperm(vocab, generator=generator)[:8].int()
+    return drafter
+
+
+def test_auto_with_a_flat_table_keeps_the_whole_template() -> None:
+    """Where every tree costs one step, every node has positive value and pays: the tree is
+    the published 80-node template's, as ``template="2.2.2"`` expands it."""
+    auto = _recycling(FLAT)
+    published = _recycling(None, template="2.2.2")
+    a, b = auto.propose(_state([3])), published.propose(_state([3]))
+    assert a.num_nodes == 80
+    assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+
+
+def test_auto_with_a_steep_table_sends_no_node() -> None:
+    assert _recycling(STEEP).propose(_state([3])).num_nodes == 0
+
+
+def test_auto_keeps_the_most_valuable_nodes_as_a_connected_tree() -> None:
+    """With a table where a few nodes pay, the tree is the nodes of highest value (the
+    product of their slots' rates down the path), every parent kept."""
+    table = LatencyTable([0, 1, 2, 3, 4, 80], [1.0, 1.05, 1.2, 1.5, 2.0, 50.0])
+    drafter = _recycling(table)
+    tree = drafter.propose(_state([3]))
+    assert 1 <= tree.num_nodes < 80
+    assert all(p < i for i, p in enumerate(tree.parents.tolist()))  # parents first
+    slots = drafter._last[1].tolist()  # type: ignore[index]
+    assert slots[0] == 0  # the most valuable node: the root's first candidate
+
+
+def test_auto_learns_the_slots_acceptance_rates() -> None:
+    """After a step whose slot-0 child was accepted and slot-1 child was not, slot 0's rate
+    rises and slot 1's falls."""
+    drafter = _recycling(FLAT)
+    before = (drafter._slot_hits / drafter._slot_tried).clone()
+    tree = drafter.propose(_state([3]))
+    first_two = tree.parents.tolist()[:2]
+    assert first_two == [-1, -1]  # slots 0 and 1 of the root
+    logits = torch.zeros(tree.num_nodes + 1, 12)
+    drafter.observe(StepOutcome(tree, logits, Verdict((0,), 5), _state([3, tree.tokens[0], 5])))
+    after = drafter._slot_hits / drafter._slot_tried
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_auto_without_a_table_is_refused_when_it_drafts() -> None:
+    drafter = TokenRecycling(vocab_size=12)
+    with pytest.raises(ConfigError, match="latency table"):
+        drafter.propose(_state([3]))
+
+
+def test_the_80_alias_is_the_published_template() -> None:
+    assert TokenRecycling("80").template.paths == TokenRecycling("2.2.2").template.paths
+
+
+# -- prompt lookup, max_tokens="auto" -------------------------------------------------
+
+
+def test_lookup_auto_sends_every_valued_node_on_a_flat_table_and_none_on_a_steep_one() -> None:
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
+    flat, steep = PromptLookup(latency=FLAT), PromptLookup(latency=STEEP)
+    fixed = PromptLookup(max_tokens=32)
+    for drafter in (flat, steep, fixed):
+        drafter.begin(_state(tokens))
+    assert (
+        flat.propose(_state(tokens)).tokens.tolist()
+        == fixed.propose(_state(tokens)).tokens.tolist()
+    )
+    assert flat.propose(_state(tokens)).num_nodes > 0
+    assert steep.propose(_state(tokens)).num_nodes == 0
+
+
+# -- the decoder binds the table; exactness ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [TokenRecycling, PromptLookup, DynamicTokenRecycling],
+    ids=["tr", "pld", "dtr"],
+)
+def test_the_decoder_binds_the_latency_table_and_output_stays_greedy(tiny, make) -> None:
+    """``SpeculativeDecoder`` gives a default (``"auto"``) drafter the target's latency
+    table, and the output is plain greedy decoding's, token for token."""
+    drafter = make()
+    assert drafter.latency is None
+    decoder = SpeculativeDecoder(tiny, drafter, Greedy())
+    assert drafter.latency is not None and drafter.gate is not None
+    reference = SpeculativeDecoder(tiny, Autoregressive(), Greedy())
+    config = GenerationConfig(max_new_tokens=24)
+    for prompt in ([1, 2, 3, 1, 2], [5, 9, 5, 9, 5, 9, 5]):
+        assert (
+            decoder.generate(prompt, config=config).tokens
+            == reference.generate(prompt, config=config).tokens
+        )
+
+
+def test_dtr_auto_gates_its_drafting(tiny) -> None:
+    """``dtr``'s default holds a gate, and a steep table makes it send empty trees."""
+    drafter = DynamicTokenRecycling(latency=STEEP, vocab_size=64)
+    assert drafter.gate is not None
+    state = _state([1, 2, 3])
+    drafter.begin(state)
+    assert drafter.propose(state).num_nodes == 0
+
+
+def test_an_explicit_tree_size_has_no_gate() -> None:
+    assert TokenRecycling("8").gate is None and TokenRecycling("8").latency is None
+    assert PromptLookup(max_tokens=10).gate is None
+    assert DynamicTokenRecycling(budget=16).gate is None

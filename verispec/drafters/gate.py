@@ -1,0 +1,164 @@
+"""Drafting only while it pays: each drafted step's speed against plain decoding's.
+
+A step that sends ``n`` nodes costs the target ``T(n)`` (the latency table,
+:mod:`verispec.drafters.budget`) and the drafter ``D``, its own time proposing and
+learning, and commits ``1 + a`` tokens when ``a`` nodes are accepted. Plain decoding
+commits one token for ``T(0)``. So the step's *gain* over plain decoding is
+
+    g = (1 + a) * T(0) / (T(n) + D),
+
+measured, not predicted: the accepted count is the verifier's, ``D`` the drafter's clock.
+:class:`DraftGate` keeps a running mean of ``g`` over drafted steps. While the mean is
+below 1 the drafter sits out a stretch of steps, proposing the empty tree (each is then a
+plain decoding step: ``T(0)`` and no drafting), and the stretch doubles after every losing
+probe, up to ``max_skip`` steps; a probe that brings the mean back to 1 or above ends the
+backing off. On text where drafting fails (random tokens, shuffled words) a drafter is
+then within a probe every ``max_skip`` steps of plain decoding; on text where it pays it
+drafts every step. What is proposed never changes what is generated (the verifier keeps
+the output exact), only how fast.
+
+Not in the Token Recycling, DySpec or prompt-lookup papers: verispec's rule for its
+device-sized defaults (docs/methods/dynamic_token_recycling.rst, "Budget").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from verispec.drafters.budget import LatencyTable
+from verispec.errors import ConfigError
+
+__all__ = ["DraftGate"]
+
+
+class DraftGate:
+    """Whether to draft this step, from the measured gain of the drafted steps before it.
+
+    Args:
+        latency: the target's latency table (``T(n)`` at the step's context).
+        max_skip: the longest stretch of plain steps between two probes.
+        smoothing: weight of the newest step in the running mean of the gain, in (0, 1].
+        clock: seconds, for the drafter's own time (``time.perf_counter``; tests pass a
+            fake one).
+
+    Use: call :meth:`drafting` at the start of ``propose`` (``False``: propose the empty
+    tree), bracket the drafter's work with :meth:`clock_in` / :meth:`clock_out`, and call
+    :meth:`record` at the end of ``observe`` with the step's tree size and accepted count.
+    """
+
+    def __init__(
+        self,
+        latency: LatencyTable,
+        *,
+        max_skip: int = 16,
+        smoothing: float = 0.3,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if max_skip < 0:
+            raise ConfigError(f"`max_skip` must be >= 0; got {max_skip}.")
+        if not 0.0 < smoothing <= 1.0:
+            raise ConfigError(f"`smoothing` must be in (0, 1]; got {smoothing}.")
+        self.latency = latency
+        self.max_skip = max_skip
+        self.smoothing = smoothing
+        self.clock = clock
+        self.gain: float | None = None  # running mean of g over drafted steps
+        self.skip = 0  # length of the current stretch of plain steps
+        self._left = 0  # plain steps left in it
+        self._spent = 0.0  # the drafter's seconds in this step
+        self._since: float | None = None
+        self._drafted = False  # whether this step drafted (record counts it)
+
+    def reset(self) -> None:
+        """Forget the measured gain (a new sequence starts drafting again)."""
+        self.gain, self.skip, self._left = None, 0, 0
+        self._spent, self._since, self._drafted = 0.0, None, False
+
+    def drafting(self) -> bool:
+        """Whether this step drafts (call once, at the start of ``propose``)."""
+        self._spent, self._since = 0.0, None
+        self._drafted = self._left == 0
+        if not self._drafted:
+            self._left -= 1
+        return self._drafted
+
+    def clock_in(self) -> None:
+        self._since = self.clock()
+
+    def clock_out(self) -> None:
+        if self._since is not None:
+            self._spent += self.clock() - self._since
+            self._since = None
+
+    def step_gain(self, nodes: int, accepted: int, context: int) -> float:
+        """``g`` of a step that sent ``nodes`` and had ``accepted`` accepted, with the
+        drafter's time so far in this step."""
+        times = self.latency.upto(nodes, context)
+        plain, step = float(times[0]), float(times[nodes])
+        return (1 + accepted) * plain / (step + self._spent)
+
+    def record(self, nodes: int, accepted: int, context: int) -> None:
+        """After a step: update the mean gain (drafted steps only) and the backing off."""
+        self.clock_out()
+        if not self._drafted:
+            return
+        g = self.step_gain(nodes, accepted, context)
+        self.gain = g if self.gain is None else self.gain + self.smoothing * (g - self.gain)
+        if self.gain >= 1.0:
+            self.skip = 0
+        else:  # a losing probe: sit out twice as long (at least one step) before the next
+            self.skip = min(self.max_skip, max(1, 2 * self.skip))
+            self._left = self.skip
+
+
+class DeviceSized:
+    """What a drafter sized by the device (``"auto"``) holds: the target's latency table and
+    a :class:`DraftGate`, given at construction or by :meth:`bind_target`.
+
+    :class:`verispec.SpeculativeDecoder` calls ``bind_target(target)`` on the drafter it
+    is given; the table is then read from the on-disk cache, or measured once per model,
+    dtype, device and thread count (:func:`~verispec.drafters.budget.latency_for`).
+    """
+
+    gate: DraftGate | None = None
+    sized_by_device: bool = False
+    _latency: LatencyTable | None = None
+
+    def _size_by_device(self, auto: bool, latency: LatencyTable | None) -> None:
+        self.sized_by_device = auto
+        self.gate = None
+        self.latency = latency
+
+    @property
+    def latency(self) -> LatencyTable | None:
+        """The target's latency table (``None``: not given or bound yet)."""
+        return self._latency
+
+    @latency.setter
+    def latency(self, table: LatencyTable | None) -> None:
+        self._latency = table
+        if table is None or not self.sized_by_device:
+            self.gate = None
+        elif self.gate is None:
+            self.gate = DraftGate(table)
+        else:
+            self.gate.latency = table
+
+    def bind_target(self, target: object) -> None:
+        """Read (or measure) ``target``'s latency table if this drafter is sized by the
+        device and has none yet."""
+        if self.sized_by_device and self.latency is None:
+            from verispec.drafters.budget import latency_for
+
+            self._size_by_device(True, latency_for(target))  # type: ignore[arg-type]
+
+    def _gate(self, what: str) -> DraftGate:
+        """The gate; a clear error where no latency table was given or bound."""
+        if self.gate is None:
+            raise ConfigError(
+                f"{what} is sized by the device and needs the target's latency table: pass "
+                "`latency=verispec.drafters.budget.latency_for(model)`, or run it through "
+                "verispec.SpeculativeDecoder (which binds it), or give a fixed size."
+            )
+        return self.gate
