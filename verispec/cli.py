@@ -38,7 +38,7 @@ __all__ = ["DEFAULT_LIMIT", "DEFAULT_METHODS", "build_parser", "main"]
 # The default run: 8 methods x 8 answers (the shipped prompts, one per category) took 4.4 min
 # on the 2-core CPU this is built on, one thread, nothing else running; the llama-cpp peers are
 # skipped (with a message) where llama-cpp-python is not installed.
-DEFAULT_METHODS = "ar,hf,hf-pld,pld,tr:template=8,dtr,llama-cpp,llama-cpp-pld"
+DEFAULT_METHODS = "ar,hf,hf-pld,pld,tr,dtr,llama-cpp,llama-cpp-pld"
 DEFAULT_LIMIT = 1  # questions per category
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEFAULT_BENCH_THREADS = 1  # the benchmark's figures of record are single-threaded
