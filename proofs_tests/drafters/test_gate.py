@@ -74,6 +74,33 @@ def test_the_gain_is_tokens_per_second_over_plain_decodings() -> None:
     assert gate.gain == pytest.approx(2 * 0.010 / 0.022)
 
 
+def test_the_gain_uses_the_measured_step_and_plain_step_seconds() -> None:
+    """The step's own seconds (from propose's end to observe's start) replace T(n), and
+    the plain steps measured the same way replace T(0), once there are some."""
+    table = LatencyTable([0, 4], [0.010, 0.030])
+    clock = FakeClock()
+    gate = DraftGate(table, smoothing=1.0, clock=clock)
+
+    def step(spent: float, seconds: float, nodes: int, accepted: int) -> bool:
+        drafted = gate.drafting()
+        if drafted:
+            gate.clock_in()
+            clock.now += spent
+            gate.clock_out()
+        clock.now += seconds  # the target's forward, verification, commit
+        gate.clock_in()  # observe starts
+        gate.clock_out()
+        gate.record(nodes, accepted, context=5)
+        return drafted
+
+    assert step(0.001, 0.050, nodes=4, accepted=0)  # measured 50 ms, not the table's 30
+    assert gate.gain == pytest.approx(0.010 / 0.051)
+    assert not step(0.0, 0.020, nodes=0, accepted=0)  # backing off: a plain step, 20 ms
+    assert gate.plain_s == pytest.approx(0.020)
+    assert step(0.001, 0.030, nodes=4, accepted=2)  # the probe
+    assert gate.gain == pytest.approx(3 * 0.020 / 0.031)
+
+
 def test_losing_steps_back_off_doubling_and_a_winning_probe_ends_it() -> None:
     """While the mean gain is below 1, drafting stops for 1, 2, 4, ... steps (at most
     max_skip) between probes; a probe that lifts the mean to 1 drafts every step again."""

@@ -228,10 +228,16 @@ def choose_budget(
     Returns:
         ``n`` in ``[0, M]``; the smallest such ``n`` on ties.
     """
-    values = torch.as_tensor(values_sorted_desc, dtype=torch.float64).reshape(-1)
-    expected = torch.cat([torch.ones(1, dtype=torch.float64), 1.0 + values.cumsum(0)])  # (M + 1,)
-    rate = expected / latency.upto(values.numel(), context)
-    return int(rate.argmax())
+    if isinstance(values_sorted_desc, torch.Tensor):
+        values_sorted_desc = values_sorted_desc.reshape(-1).tolist()
+    values = [float(v) for v in values_sorted_desc]  # M is small: Python beats tensor ops
+    times = latency.upto(len(values), context).tolist()
+    best, best_rate, expected = 0, 1.0 / times[0], 1.0
+    for n, value in enumerate(values, 1):
+        expected += value
+        if expected / times[n] > best_rate:
+            best, best_rate = n, expected / times[n]
+    return best
 
 
 def _chain_like_tree(n: int, generator: torch.Generator, vocab_size: int) -> DraftTree:

@@ -7,7 +7,10 @@ commits one token for ``T(0)``. So the step's *gain* over plain decoding is
 
     g = (1 + a) * T(0) / (T(n) + D),
 
-measured, not predicted: the accepted count is the verifier's, ``D`` the drafter's clock.
+measured, not predicted: the accepted count is the verifier's, ``D`` the drafter's clock,
+``T(n)`` the step's own seconds (from the end of ``propose`` to the start of ``observe``:
+forward, verification, commit) and ``T(0)`` a running mean of the plain steps measured the
+same way (the table's values until there are some), so both see the same machine load.
 :class:`DraftGate` keeps a running mean of ``g`` over drafted steps. While the mean is
 below 1 the drafter sits out a stretch of steps, proposing the empty tree (each is then a
 plain decoding step: ``T(0)`` and no drafting), and the stretch doubles after every losing
@@ -64,44 +67,65 @@ class DraftGate:
         self.smoothing = smoothing
         self.clock = clock
         self.gain: float | None = None  # running mean of g over drafted steps
+        self.plain_s: float | None = None  # running mean of the measured plain steps
         self.skip = 0  # length of the current stretch of plain steps
         self._left = 0  # plain steps left in it
         self._spent = 0.0  # the drafter's seconds in this step
         self._since: float | None = None
+        self._out: float | None = None  # when the drafter last handed over (propose's end)
+        self._step_s: float | None = None  # the step's own seconds, measured
         self._drafted = False  # whether this step drafted (record counts it)
 
     def reset(self) -> None:
         """Forget the measured gain (a new sequence starts drafting again)."""
-        self.gain, self.skip, self._left = None, 0, 0
-        self._spent, self._since, self._drafted = 0.0, None, False
+        self.gain, self.plain_s, self.skip, self._left = None, None, 0, 0
+        self._spent, self._since, self._out, self._step_s = 0.0, None, None, None
+        self._drafted = False
 
     def drafting(self) -> bool:
         """Whether this step drafts (call once, at the start of ``propose``)."""
-        self._spent, self._since = 0.0, None
+        self._spent, self._since, self._step_s = 0.0, None, None
         self._drafted = self._left == 0
         if not self._drafted:
             self._left -= 1
+            self._out = self.clock()  # the plain step starts now: observe measures it
         return self._drafted
 
     def clock_in(self) -> None:
+        """The drafter starts working (``propose``, then ``observe``); the first call after
+        ``propose`` handed over also measures the step itself (forward, verification,
+        commit)."""
         self._since = self.clock()
+        if self._out is not None:
+            self._step_s, self._out = self._since - self._out, None
 
     def clock_out(self) -> None:
         if self._since is not None:
-            self._spent += self.clock() - self._since
+            self._out = self.clock()
+            self._spent += self._out - self._since
             self._since = None
 
     def step_gain(self, nodes: int, accepted: int, context: int) -> float:
         """``g`` of a step that sent ``nodes`` and had ``accepted`` accepted, with the
-        drafter's time so far in this step."""
+        drafter's time so far in this step. The step's and the plain step's seconds are the
+        measured ones where known (the same machine load for both), else the table's."""
         times = self.latency.upto(nodes, context)
-        plain, step = float(times[0]), float(times[nodes])
+        plain = self.plain_s if self.plain_s is not None else float(times[0])
+        step = self._step_s if self._step_s is not None else float(times[nodes])
         return (1 + accepted) * plain / (step + self._spent)
 
     def record(self, nodes: int, accepted: int, context: int) -> None:
-        """After a step: update the mean gain (drafted steps only) and the backing off."""
+        """After a step: update the mean gain (drafted steps) or the plain step's measured
+        seconds (the others), and the backing off."""
         self.clock_out()
+        self._out = None
         if not self._drafted:
+            if self._step_s is not None:
+                self.plain_s = (
+                    self._step_s
+                    if self.plain_s is None
+                    else self.plain_s + self.smoothing * (self._step_s - self.plain_s)
+                )
             return
         g = self.step_gain(nodes, accepted, context)
         self.gain = g if self.gain is None else self.gain + self.smoothing * (g - self.gain)

@@ -216,6 +216,8 @@ class TokenRecycling(DeviceSized):
         self._slot_tried = torch.full((k,), _SLOT_PRIOR_TRIES, dtype=torch.float64)
         self._slot_hits = self._slot_tried * _slot_prior(k)
         self._last: tuple[DraftTree, torch.Tensor] | None = None  # the tree, its slots
+        self._parent_list: list[int] = self.template.parents.tolist()
+        self._slot_list: list[int] = self.template.slots.tolist()
         self.prune_unknown = prune_unknown
         self._adjacency: torch.Tensor | None = None  # int32 (V, K); -1 = unknown
         # Static tree when no slot is pruned: reused verbatim (structure cached once).
@@ -314,24 +316,39 @@ class TokenRecycling(DeviceSized):
     def _sized_tree(self, state: DecodeState) -> DraftTree:
         """``template="auto"``: the template's nodes valued by their slots' acceptance rates
         (a node's value is the product of the rates down its path), as many of the most
-        valuable as the budget rule pays for (:func:`~verispec.drafters.budget.choose_budget`)."""
-        tokens = self._expand(state.tokens[-1])
-        if tokens is None:
+        valuable as the budget rule pays for (:func:`~verispec.drafters.budget.choose_budget`),
+        then only those nodes expanded (an unknown one is left out with its subtree).
+        Python lists: the template has 80 nodes, and a tensor op costs more than a loop."""
+        adj, root = self._adjacency, state.tokens[-1]
+        if adj is None or root >= adj.shape[0]:
             return DraftTree.empty()
-        t = self.template
-        rate = self._slot_hits / self._slot_tried  # (K,)
-        value = rate[t.slots]  # (N,) then times the parent's value, level by level
-        for lo, hi in zip(t.level_starts[1:-1], t.level_starts[2:], strict=True):
-            value[lo:hi] *= value[t.parents[lo:hi]]
-        value[tokens < 0] = 0.0  # unknown (and their subtrees)
-        order = torch.argsort(value, descending=True, stable=True)  # parents first
+        parents, slots = self._parent_list, self._slot_list
+        rate = (self._slot_hits / self._slot_tried).tolist()
+        value = [0.0] * len(parents)
+        for i, (parent, slot) in enumerate(zip(parents, slots, strict=True)):
+            value[i] = rate[slot] * (value[parent] if parent >= 0 else 1.0)
+        order = sorted(range(len(value)), key=value.__getitem__, reverse=True)  # stable
+        order = order[: min(len(order), state.max_nodes)]
         assert self.latency is not None
-        width = min(t.num_nodes, state.max_nodes)
-        n = choose_budget(value[order][:width], self.latency, context=len(state.tokens))
-        chosen = order[:n].sort().values
-        chosen = chosen[tokens[chosen] >= 0]  # an unknown node's children are unknown too
-        tree = self._nodes(tokens, chosen)
-        self._last = (tree, t.slots[chosen])
+        n = choose_budget([value[i] for i in order], self.latency, context=len(state.tokens))
+        token_of: dict[int, int] = {-1: root}
+        rows: dict[int, list[int]] = {}
+        kept: list[int] = []
+        for i in sorted(order[:n]):  # breadth-first: parents first
+            parent_token = token_of.get(parents[i])
+            if parent_token is None:
+                continue  # below an unknown node
+            row = rows.get(parent_token)
+            if row is None:
+                row = rows[parent_token] = adj[parent_token].tolist()
+            if row[slots[i]] >= 0:
+                token_of[i] = row[slots[i]]
+                kept.append(i)
+        new_index = {-1: -1, **{node: j for j, node in enumerate(kept)}}
+        tree = DraftTree.from_parents(
+            [token_of[i] for i in kept], [new_index[parents[i]] for i in kept]
+        )
+        self._last = (tree, torch.tensor([slots[i] for i in kept], dtype=torch.long))
         return tree
 
     def _zeros_tree(self) -> DraftTree:
