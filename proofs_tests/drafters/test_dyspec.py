@@ -304,7 +304,6 @@ def test_max_depth_caps_the_tree() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {},
         {"budget": 0},
         {"budget": -4},
         {"threshold": 0.0},

@@ -261,3 +261,15 @@ def test_an_explicit_tree_size_has_no_gate() -> None:
     assert TokenRecycling("8").gate is None and TokenRecycling("8").latency is None
     assert PromptLookup(max_tokens=10).gate is None
     assert DynamicTokenRecycling(budget=16).gate is None
+
+
+def test_dyspec_class_and_spec_share_the_default_budget() -> None:
+    """``DySpec(draft)`` builds Algorithm 1 with 16 nodes, as ``dyspec`` does (issue 24:
+    the default was written only in the spec factory, and the class refused)."""
+    from verispec.drafters import DySpec
+    from verispec.models.markov import MarkovModel
+    from verispec.specs import drafter as build
+
+    draft = MarkovModel(torch.zeros(16, 16))
+    assert DySpec(draft).max_budget == 16 and DySpec(draft).budget == 16
+    assert build("dyspec", target=draft, draft_model=draft).budget == 16

@@ -86,6 +86,7 @@ from verispec.errors import ConfigError
 __all__ = ["DySpec", "DySpecOptions"]
 
 _THRESHOLD_DEFAULT_BUDGET = 128
+_DEFAULT_BUDGET = 16  # Algorithm 1 when neither budget nor threshold is given
 
 
 def _stops_at(n: int, total: float, next_value: float, seconds: list[float]) -> bool:
@@ -134,8 +135,8 @@ class DySpec(DraftModelDrafter):
 
     Args:
         draft: the draft model (same vocabulary as the target).
-        budget: the tree size ``m`` of Algorithm 1; with ``threshold``, a cap on the size
-            (default 128 then). ``"auto"``: Algorithm 1 stops where the target's latency
+        budget: the tree size ``m`` of Algorithm 1 (default 16); with ``threshold``, a cap
+            on the size (default 128 then). ``"auto"``: Algorithm 1 stops where the target's latency
             table says expected tokens per second peak (see the module notes).
         threshold: ``t`` in (0, 1): use Algorithm 2, expanding every slot with ``v > t``.
         max_depth: optional cap on the depth of the tree.
@@ -168,7 +169,7 @@ class DySpec(DraftModelDrafter):
     ) -> None:
         super().__init__(draft)
         if budget is None and threshold is None:
-            raise ConfigError("DySpec needs `budget` (Algorithm 1) or `threshold` (Algorithm 2).")
+            budget = _DEFAULT_BUDGET  # Algorithm 1 with 16 nodes, as the options say
         self.options = DySpecOptions(
             budget=budget, threshold=threshold, max_depth=max_depth, max_budget=max_budget
         )
