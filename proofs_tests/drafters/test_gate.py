@@ -273,3 +273,21 @@ def test_dyspec_class_and_spec_share_the_default_budget() -> None:
     draft = MarkovModel(torch.zeros(16, 16))
     assert DySpec(draft).max_budget == 16 and DySpec(draft).budget == 16
     assert build("dyspec", target=draft, draft_model=draft).budget == 16
+
+
+def test_a_drafted_step_that_sends_no_node_is_a_loss() -> None:
+    """Drafting that ends in the empty tree only cost the drafter's time: its gain is below
+    1 whatever the plain steps measured before (an outlier among them included)."""
+    clock = FakeClock()
+    gate = DraftGate(FLAT, smoothing=1.0, clock=clock)
+    gate.plain_s = 10.0  # a stalled plain step, measured earlier
+    assert gate.drafting()
+    gate.clock_in()
+    clock.now += 0.001
+    gate.clock_out()
+    clock.now += 0.010
+    gate.clock_in()
+    gate.record(0, 0, context=5)
+    assert gate.gain == pytest.approx(0.010 / 0.011)
+    assert gate.plain_s == pytest.approx(0.010)  # the stall is replaced by the measurement
+    assert not gate.drafting()

@@ -110,8 +110,10 @@ class DraftGate:
         drafter's time so far in this step. The step's and the plain step's seconds are the
         measured ones where known (the same machine load for both), else the table's."""
         times = self.latency.upto(nodes, context)
-        plain = self.plain_s if self.plain_s is not None else float(times[0])
         step = self._step_s if self._step_s is not None else float(times[nodes])
+        if nodes == 0:  # a plain step that paid for drafting: a loss by construction
+            return step / (step + self._spent)
+        plain = self.plain_s if self.plain_s is not None else float(times[0])
         return (1 + accepted) * plain / (step + self._spent)
 
     def record(self, nodes: int, accepted: int, context: int) -> None:
@@ -119,13 +121,16 @@ class DraftGate:
         seconds (the others), and the backing off."""
         self.clock_out()
         self._out = None
+        if nodes == 0 and self._step_s is not None:  # a plain step, measured
+            # a running mean of plain steps, each sample at most twice the mean so far (a
+            # one-off stall must not make every drafted step look like a gain)
+            sample = self._step_s if self.plain_s is None else min(self._step_s, 2 * self.plain_s)
+            self.plain_s = (
+                sample
+                if self.plain_s is None
+                else self.plain_s + self.smoothing * (sample - self.plain_s)
+            )
         if not self._drafted:
-            if self._step_s is not None:
-                self.plain_s = (
-                    self._step_s
-                    if self.plain_s is None
-                    else self.plain_s + self.smoothing * (self._step_s - self.plain_s)
-                )
             return
         g = self.step_gain(nodes, accepted, context)
         self.gain = g if self.gain is None else self.gain + self.smoothing * (g - self.gain)
