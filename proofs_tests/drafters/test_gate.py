@@ -291,3 +291,21 @@ def test_a_drafted_step_that_sends_no_node_is_a_loss() -> None:
     assert gate.gain == pytest.approx(0.010 / 0.011)
     assert gate.plain_s == pytest.approx(0.010)  # the stall is replaced by the measurement
     assert not gate.drafting()
+
+
+def test_while_backing_off_only_the_steps_before_a_probe_learn() -> None:
+    """Drafted steps learn; of a stretch of plain steps, only the last two before the probe."""
+    clock = FakeClock()
+    gate = DraftGate(STEEP, max_skip=8, smoothing=1.0, clock=clock)
+    seen = []
+    for _ in range(20):
+        drafted = gate.drafting()
+        seen.append((drafted, gate.learning()))
+        gate.record(1 if drafted else 0, 0, context=10)
+    # stretches of 1, 2, 4, 8 plain steps between drafted ones
+    assert [d for d, _ in seen[:16]] == [True, False, True, False, False, True] + [False] * 4 + [
+        True
+    ] + [False] * 5
+    assert all(learn for drafted, learn in seen if drafted)
+    stretch = [learn for drafted, learn in seen[6:10]]  # the stretch of four
+    assert stretch == [False, False, True, True]

@@ -388,7 +388,8 @@ class DynamicTokenRecycling(DeviceSized):
         """Recycle the target's top-K at every scored row and calibrate on what was accepted."""
         if self.gate is not None:
             self.gate.clock_in()
-        self._observe(outcome)
+        if self.gate is None or self.gate.learning():
+            self._observe(outcome)
         if self.gate is not None:
             verdict = outcome.verdict
             self.gate.record(

@@ -370,7 +370,8 @@ class TokenRecycling(DeviceSized):
             self._update(outcome)
             return
         self.gate.clock_in()
-        self._update(outcome)
+        if self.gate.learning():
+            self._update(outcome)
         if self._last is not None and self._last[0] is outcome.tree:  # learn the slots' rates
             tried, hit = tried_and_hit(outcome.tree, outcome.verdict)
             slots = self._last[1]
