@@ -77,7 +77,7 @@ def test_return_dict_carries_the_acceptance_figures(hf_model: Any) -> None:
     out = hf_model.generate(
         _ids(),
         max_new_tokens=NEW,
-        custom_generate=verispec.speculative("dtr"),
+        custom_generate=verispec.speculative("dtr:budget=16"),  # a fixed size: trees every step
         return_dict_in_generate=True,
     )
     assert isinstance(out, SpeculativeGenerateOutput)
