@@ -345,17 +345,13 @@ class DynamicTokenRecycling(DeviceSized):
         """The most valuable connected tree of the budget's size (see the module notes);
         with ``budget="auto"``, the empty tree while drafting does not pay
         (:class:`~verispec.drafters.gate.DraftGate`)."""
-        if self.sized_by_device:
-            gate = self._gate("DynamicTokenRecycling(budget='auto')")
-            if not gate.drafting():
-                self._last = None
-                self.last_values = torch.empty(0, dtype=torch.float64)
-                return DraftTree.empty()
-            gate.clock_in()
-        tree = self._propose(state)
-        if self.gate is not None:
-            self.gate.clock_out()
-        return tree
+        if not self.sized_by_device:
+            return self._propose(state)
+        self._last = None
+        self.last_values = torch.empty(0, dtype=torch.float64)
+        return self._gated_propose(
+            "DynamicTokenRecycling(budget='auto')", lambda: self._propose(state)
+        )
 
     def _propose(self, state: DecodeState) -> DraftTree:
         width = min(self.max_budget, state.max_nodes)
@@ -386,15 +382,7 @@ class DynamicTokenRecycling(DeviceSized):
 
     def observe(self, outcome: StepOutcome) -> None:
         """Recycle the target's top-K at every scored row and calibrate on what was accepted."""
-        if self.gate is not None:
-            self.gate.clock_in()
-        if self.gate is None or self.gate.learning():
-            self._observe(outcome)
-        if self.gate is not None:
-            verdict = outcome.verdict
-            self.gate.record(
-                outcome.tree.num_nodes, len(verdict.accepted), len(outcome.state.tokens)
-            )
+        self._gated_observe(outcome, lambda: self._observe(outcome))
 
     def _observe(self, outcome: StepOutcome) -> None:
         logits = outcome.target_logits  # (N + 1, V)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from verispec.core.tree import DraftTree
+from verispec.core.types import StepOutcome
 from verispec.drafters.budget import LatencyTable
 from verispec.errors import ConfigError
 
@@ -190,6 +192,30 @@ class DeviceSized:
             from verispec.drafters.budget import latency_for
 
             self._size_by_device(True, latency_for(target))  # type: ignore[arg-type]
+
+    def _gated_propose(self, what: str, make: Callable[[], DraftTree]) -> DraftTree:
+        """``propose`` of a drafter sized by the device: the empty tree while the gate backs
+        off, else ``make()``, its time counted as the drafter's."""
+        gate = self._gate(what)
+        if not gate.drafting():
+            return DraftTree.empty()
+        gate.clock_in()
+        tree = make()
+        gate.clock_out()
+        return tree
+
+    def _gated_observe(self, outcome: StepOutcome, learn: Callable[[], None]) -> None:
+        """``observe``: ``learn()`` (every step without a gate; with one, on the steps
+        :meth:`DraftGate.learning` names, its time counted), then the gate's record."""
+        gate = self.gate
+        if gate is None:
+            learn()
+            return
+        gate.clock_in()
+        if gate.learning():
+            learn()
+        verdict = outcome.verdict
+        gate.record(outcome.tree.num_nodes, len(verdict.accepted), len(outcome.state.tokens))
 
     def _gate(self, what: str) -> DraftGate:
         """The gate; a clear error where no latency table was given or bound."""

@@ -279,13 +279,9 @@ class PromptLookup(DeviceSized):
         (``"auto"``: as many as pay, or the empty tree while drafting does not pay)."""
         if not self.sized_by_device:
             return self._propose(state)
-        gate = self._gate("PromptLookup(max_tokens='auto')")
         self._last = None
-        if not gate.drafting():
-            return DraftTree.empty()
-        gate.clock_in()
-        tree = self._last = self._propose(state)
-        gate.clock_out()
+        tree = self._gated_propose("PromptLookup(max_tokens='auto')", lambda: self._propose(state))
+        self._last = tree if tree.num_nodes else None
         return tree
 
     def _propose(self, state: DecodeState) -> DraftTree:
@@ -313,18 +309,15 @@ class PromptLookup(DeviceSized):
 
     def observe(self, outcome: StepOutcome) -> None:
         """Index the newly committed tokens (``"auto"``: and learn the acceptance)."""
-        if self.gate is None:
-            self.index.sync(outcome.state.tokens)
-            return
-        self.gate.clock_in()
-        self.index.sync(outcome.state.tokens)
-        if self._last is not None and self._last is outcome.tree and self._last.num_nodes:
+        self._gated_observe(outcome, lambda: self._learn(outcome))
+
+    def _learn(self, outcome: StepOutcome) -> None:
+        self.index.sync(outcome.state.tokens)  # (a skipped sync is caught up by the next)
+        if self._last is not None and self._last is outcome.tree:  # learn the acceptance
             tried, hit = tried_and_hit(outcome.tree, outcome.verdict)
             self._tried = _DECAY * self._tried + int(tried.sum())
             self._hits = _DECAY * self._hits + int(hit.sum())
         self._last = None
-        context = len(outcome.state.tokens)
-        self.gate.record(outcome.tree.num_nodes, len(outcome.verdict.accepted), context)
 
     def reset(self) -> None:
         """Forget the indexed context (and, with ``"auto"``, the learned acceptance)."""

@@ -269,14 +269,10 @@ class TokenRecycling(DeviceSized):
         nodes, as many as pay, or the empty tree while drafting does not pay)."""
         if not self.sized_by_device:
             return self._template_tree(state.tokens[-1])
-        gate = self._gate("TokenRecycling(template='auto')")
         self._last = None
-        if not gate.drafting():
-            return DraftTree.empty()
-        gate.clock_in()
-        tree = self._sized_tree(state)
-        gate.clock_out()
-        return tree
+        return self._gated_propose(
+            "TokenRecycling(template='auto')", lambda: self._sized_tree(state)
+        )
 
     def _expand(self, root: int) -> torch.Tensor | None:
         """The template's tokens below ``root``, Shape: (N,), ``-1`` where unknown; ``None``
@@ -366,12 +362,10 @@ class TokenRecycling(DeviceSized):
         breadth-first node order); not in the paper, whose parallel scatter leaves it
         unspecified.
         """
-        if self.gate is None:
-            self._update(outcome)
-            return
-        self.gate.clock_in()
-        if self.gate.learning():
-            self._update(outcome)
+        self._gated_observe(outcome, lambda: self._learn(outcome))
+
+    def _learn(self, outcome: StepOutcome) -> None:
+        self._update(outcome)
         if self._last is not None and self._last[0] is outcome.tree:  # learn the slots' rates
             tried, hit = tried_and_hit(outcome.tree, outcome.verdict)
             slots = self._last[1]
@@ -379,8 +373,6 @@ class TokenRecycling(DeviceSized):
             self._slot_tried.mul_(_SLOT_DECAY).index_add_(0, slots[tried], ones[tried])
             self._slot_hits.mul_(_SLOT_DECAY).index_add_(0, slots[hit], ones[hit])
         self._last = None
-        context = len(outcome.state.tokens)
-        self.gate.record(outcome.tree.num_nodes, len(outcome.verdict.accepted), context)
 
     def _update(self, outcome: StepOutcome) -> None:
         logits = outcome.target_logits  # (N + 1, V)
