@@ -230,8 +230,7 @@ def _custom_criteria() -> Any:
     [
         ({"num_beams": 2}, "`num_beams` must be 1"),
         ({"do_sample": True, "num_return_sequences": 2}, "`num_return_sequences` must be 1"),
-        ({"repetition_penalty": 1.3}, "RepetitionPenaltyLogitsProcessor"),
-        ({"min_new_tokens": 4}, "MinLengthLogitsProcessor"),
+        ({"guidance_scale": 1.5}, "UnbatchedClassifierFreeGuidanceLogitsProcessor"),
         ({"prompt_lookup_num_tokens": 4}, "`prompt_lookup_num_tokens` must be None"),
         ({"return_dict_in_generate": True, "output_scores": True}, "`output_scores` must be"),
         ({"max_time": 10.0}, "MaxTimeCriteria"),

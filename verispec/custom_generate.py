@@ -15,9 +15,16 @@ callable around verispec's :class:`~verispec.decoder.SpeculativeDecoder`:
   ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``eos_token_id``,
   ``return_dict_in_generate``; ``streamer`` receives each step's committed tokens;
   ``stop_strings`` and ``seed`` are read as keyword arguments of ``generate`` (below);
+* the logits processors ``generate`` builds (repetition penalty, no-repeat n-gram, bad
+  words, min new tokens, sequence bias, suppress tokens, forced BOS/EOS, the typical,
+  epsilon, eta and top-h warpers, ``prefix_allowed_tokens_fn``...) and the caller's
+  ``logits_processor=[...]`` are applied to every tree row with its own prefix
+  (:mod:`verispec.processors`); ``json_schema``, ``regex`` or ``grammar`` given to
+  :func:`speculative` constrain the output;
 * what cannot be honoured exactly raises :class:`~verispec.errors.ConfigError`, naming
-  the option: beams, several sequences, padding, an assistant model, repetition
-  penalties and other logits processors, custom stopping criteria, score outputs.
+  the option: beams, several sequences, padding, an assistant model, processors that
+  are not functions of the prefix (classifier-free guidance, SynthID), custom stopping
+  criteria, score outputs.
 
 Two gaps of transformers 5 (5.17 to 5.23 read) that this module works around:
 ``generate`` does not pass ``streamer`` (nor ``tokenizer``) to a callable
@@ -39,6 +46,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import attrs
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
@@ -47,11 +55,10 @@ from verispec.core.types import SEED_LIMIT, Drafter, GenerationConfig, LanguageM
 from verispec.core.validate import boolean, integer
 from verispec.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
+from verispec.processors import classify
 
 __all__ = ["SpeculativeGenerate", "SpeculativeGenerateOutput", "speculative", "target_for"]
 
-# logits processors transformers builds from these options, which verispec applies itself
-_WARPERS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper"}
 _STOPS = {"MaxLengthCriteria", "EosTokenCriteria"}
 _SEED_RANGE = 1 << 62
 
@@ -139,6 +146,9 @@ def speculative(
     dtype: torch.dtype | str | None = None,
     kernels: str = "auto",
     learn_across_calls: bool = True,
+    json_schema: str | dict | None = None,
+    regex: str | None = None,
+    grammar: str | None = None,
 ) -> SpeculativeGenerate:
     """A ``custom_generate`` callable that decodes speculatively with verispec.
 
@@ -166,6 +176,9 @@ def speculative(
             fixed candidates (``tr``, ``dtr``, ``pld``, ``suffix``) are the text plain
             sampling gives for that seed, whatever was learnt (the coupled verifier keys
             each draw by position). Only speed changes; ``False`` forgets at each call.
+        json_schema, regex, grammar: structured output: every answer follows this JSON
+            schema (a dict or a JSON string), regular expression or Lark grammar (at most
+            one; needs ``tokenizer``), masked at every tree node (docs/processors.rst).
 
     Raises:
         ConfigError: a bad spec or option (checked now, before any model is seen).
@@ -193,6 +206,16 @@ def speculative(
     if kernels not in ("auto", "triton", "torch"):
         raise ConfigError(f"`kernels` must be one of auto, triton, torch; got {kernels!r}.")
     boolean("learn_across_calls", learn_across_calls)
+    constraint = GenerationConfig(json_schema=json_schema, regex=regex, grammar=grammar)
+    if constraint.constrained:
+        if tokenizer is None:
+            raise ConfigError(
+                "structured output (json_schema, regex, grammar) needs the model's tokenizer: "
+                "verispec.speculative(..., tokenizer=tokenizer)."
+            )
+        from verispec.processors import grammar_text
+
+        grammar_text(json_schema=json_schema, regex=regex, grammar=grammar)  # checked now
     return SpeculativeGenerate(
         spec_or_drafter,
         tokenizer=tokenizer,
@@ -201,6 +224,7 @@ def speculative(
         dtype=dtype,
         kernels=kernels,
         learn_across_calls=learn_across_calls,
+        constraint=constraint,
     )
 
 
@@ -220,8 +244,10 @@ class SpeculativeGenerate:
         dtype: torch.dtype | str | None,
         kernels: str,
         learn_across_calls: bool = True,
+        constraint: GenerationConfig | None = None,
     ) -> None:
         self.spec = spec_or_drafter
+        self.constraint = constraint if constraint is not None else GenerationConfig()
         self.learn_across_calls = learn_across_calls
         self.tokenizer = tokenizer
         self.draft_model = draft_model
@@ -271,6 +297,12 @@ class SpeculativeGenerate:
             elif seed is not None:
                 _seed(seed)  # validated even where greedy decoding does not use it
             config = _with_call_options(config, max_new, stop_strings, seed)
+            config = attrs.evolve(
+                config,
+                json_schema=self.constraint.json_schema,
+                regex=self.constraint.regex,
+                grammar=self.constraint.grammar,
+            )
             tokenizer = tokenizer if tokenizer is not None else self.tokenizer
             require_tokenizer_for_stop_strings(  # transformers does not hand generate's
                 config.stop_strings,  # `tokenizer` to a custom_generate callable
@@ -335,9 +367,11 @@ def _check_caller(caller: dict[str, Any] | None, synced_gpus: bool) -> None:
             "`assistant_model` is not supported with verispec.speculative: verispec drafts "
             "itself. Pass the draft as verispec.speculative('chain', draft_model=assistant)."
         )
-    for name in ("negative_prompt_ids", "prefix_allowed_tokens_fn"):
-        if caller.get(name) is not None:
-            raise ConfigError(f"`{name}` is not supported with verispec.speculative.")
+    if caller.get("negative_prompt_ids") is not None:
+        raise ConfigError(
+            "`negative_prompt_ids` (classifier-free guidance) is not supported with "
+            "verispec.speculative: it runs the model on a second sequence."
+        )
 
 
 def _generation_config(
@@ -376,14 +410,9 @@ def _generation_config(
     for option in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
         if getattr(gc, option, False):
             raise refuse(option, True, "False")
-    for processor in processors or ():
-        name = type(processor).__name__
-        if name not in _WARPERS:
-            raise ConfigError(
-                f"logits processor `{name}` is not supported with verispec.speculative: only "
-                "temperature, top_k, top_p and min_p are (drop repetition_penalty, "
-                "min_new_tokens, bad_words_ids, logits_processor=... and the like)."
-            )
+    processors = list(processors or ())
+    for processor in processors:
+        classify(processor)  # refuses, naming it, a processor that is not exact under trees
     for criterion in criteria or ():
         name = type(criterion).__name__
         if name not in _STOPS:
@@ -394,13 +423,46 @@ def _generation_config(
     sample = bool(gc.do_sample) and (gc.temperature is None or gc.temperature > 0)
     eos = gc.eos_token_id
     eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
-    return GenerationConfig(
-        temperature=float(gc.temperature if gc.temperature is not None else 1.0) if sample else 0.0,
-        top_k=int(gc.top_k or 0) if sample else 0,
-        top_p=float(gc.top_p if gc.top_p is not None else 1.0) if sample else 1.0,
-        min_p=float(gc.min_p or 0.0) if sample else 0.0,
-        eos_token_ids=eos_ids,
-    )
+    head, sampling = _sampling_tail(processors) if sample else (processors, {})
+    if sample and sampling is None:  # warpers the verifier cannot apply: all in the rows
+        head, sampling = processors, {"temperature": 1.0}
+    return GenerationConfig(eos_token_ids=eos_ids, logits_processor=tuple(head), **(sampling or {}))
+
+
+# transformers' warpers that are verispec's sampling parameters, in the order both apply them
+_SAMPLING_WARPERS = {
+    "TemperatureLogitsWarper": "temperature",
+    "TopKLogitsWarper": "top_k",
+    "TopPLogitsWarper": "top_p",
+    "MinPLogitsWarper": "min_p",
+}
+
+
+def _sampling_tail(processors: list[Any]) -> tuple[list[Any], dict[str, Any] | None]:
+    """Split off the list's tail of transformers' temperature, top-k, top-p and min-p
+    warpers, in that order, as sampling parameters (which the verifier applies to the
+    processed rows, as ``generate`` applies them last). ``None`` when a warper is
+    anywhere else in the list or out of order: then the whole list goes to the rows."""
+    order = list(_SAMPLING_WARPERS)
+    tail = len(processors)
+    while tail and type(processors[tail - 1]).__name__ in _SAMPLING_WARPERS:
+        tail -= 1
+    head, warpers = processors[:tail], processors[tail:]
+    names = [type(w).__name__ for w in warpers]
+    other = {"TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper"}
+    if any(type(p).__name__ in _SAMPLING_WARPERS or type(p).__name__ in other for p in head):
+        return processors, None
+    if names != sorted(names, key=order.index) or len(set(names)) != len(names):
+        return processors, None
+    sampling: dict[str, Any] = {"temperature": 1.0}
+    for warper, name in zip(warpers, names, strict=True):
+        field = _SAMPLING_WARPERS[name]
+        if getattr(warper, "min_tokens_to_keep", 1) != 1 or getattr(
+            warper, "filter_value", -float("inf")
+        ) != -float("inf"):
+            return processors, None
+        sampling[field] = getattr(warper, field)
+    return head, sampling
 
 
 def _seed(seed: int | None) -> int:

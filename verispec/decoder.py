@@ -5,7 +5,9 @@ knows no concrete one. :class:`SpeculativeDecoder` here (``verispec.SpeculativeD
 is the same class with defaults picked at construction, without any global: the
 :class:`~verispec.drafters.Autoregressive` drafter when none is given, and the
 :func:`~verispec.verifiers.default_verifier` policy (``Greedy`` at temperature 0,
-``Coupled`` otherwise) when no verifier is given.
+``Coupled`` otherwise) when no verifier is given; and the logits processing of
+:func:`verispec.processors.processing_for` (repetition penalty, ``logits_processor=``,
+``json_schema=`` / ``regex=`` / ``grammar=``, applied to every tree row).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from verispec.core.engine import VerifierPolicy
 from verispec.core.sampling import SamplingParams
 from verispec.core.types import Drafter, LanguageModel, Verifier
 from verispec.drafters.autoregressive import Autoregressive
+from verispec.processors import processing_for
 from verispec.verifiers import default_verifier
 
 __all__ = ["SpeculativeDecoder"]
@@ -60,5 +63,9 @@ class SpeculativeDecoder(engine.SpeculativeDecoder):
             else:
                 verifier = default_verifier
         super().__init__(
-            target, drafter if drafter is not None else Autoregressive(), verifier, tokenizer
+            target,
+            drafter if drafter is not None else Autoregressive(),
+            verifier,
+            tokenizer,
+            processing=processing_for,
         )

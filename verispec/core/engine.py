@@ -4,7 +4,8 @@
 
 1. propose   — the drafter sends a :class:`~verispec.core.tree.DraftTree`;
 2. score     — the target scores root and tree in one ``forward_tree``;
-3. verify    — the verifier keeps one path and draws one extra token;
+3. verify    — the verifier keeps one path and draws one extra token (against the
+               processed logits, when the generation asks for processing);
 4. commit    — the target keeps only that path's KV entries;
 5. observe   — the drafter learns from the outcome;
 
@@ -47,6 +48,7 @@ from verispec.core.types import (
     LanguageModel,
     PositionKeyedVerifier,
     StepOutcome,
+    TreeProcessing,
     Verdict,
     Verifier,
 )
@@ -58,10 +60,14 @@ __all__ = [
     "SpeculativeDecoder",
     "StepStats",
     "StreamChunk",
+    "ProcessingFactory",
     "VerifierPolicy",
 ]
 
 VerifierPolicy = Callable[[SamplingParams], Verifier]
+# builds one generation's logits processing: (config, prompt_length=, tokenizer=,
+# eos_token_ids=, vocab_size=) -> TreeProcessing, or None when the config asks for none
+ProcessingFactory = Callable[..., TreeProcessing | None]
 
 
 @attrs.frozen
@@ -79,7 +85,7 @@ class StepStats:
     accepted: int  # draft tokens accepted (the extra token not counted)
     draft_s: float  # propose and observe
     target_s: float  # the tree forward
-    verify_s: float
+    verify_s: float  # logits processing (when asked for) and the verifier
     commit_s: float  # the target keeping the accepted path's KV entries
 
     @property
@@ -220,6 +226,9 @@ class SpeculativeDecoder:
             to one (a policy, e.g. :func:`verispec.verifiers.default_verifier`).
         tokenizer: a Hugging Face tokenizer, to accept string prompts, decode text,
             apply stop strings and find the end-of-sequence token.
+        processing: builds each generation's logits processing from its config
+            (:data:`ProcessingFactory`, e.g. :func:`verispec.processors.processing_for`);
+            without one, a config that asks for processing is refused.
     """
 
     def __init__(
@@ -228,6 +237,7 @@ class SpeculativeDecoder:
         drafter: Drafter,
         verifier: Verifier | VerifierPolicy,
         tokenizer: Any = None,
+        processing: ProcessingFactory | None = None,
     ) -> None:
         check_decoder_arguments(target, drafter, verifier, tokenizer)
         for name, value in (("drafter", drafter), ("verifier", verifier)):
@@ -250,6 +260,12 @@ class SpeculativeDecoder:
                 "same model family and tokenizer."
             )
         self._verifier = verifier
+        if processing is not None and (isinstance(processing, type) or not callable(processing)):
+            raise ConfigError(
+                f"`processing` must be a callable building a generation's logits processing "
+                f"(e.g. verispec.processors.processing_for) or None; got {describe(processing)}."
+            )
+        self._processing = processing
         self._clock = _clock_for(getattr(target, "device", None))
         self.tokenizer = tokenizer
         if tokenizer is not None:
@@ -294,6 +310,26 @@ class SpeculativeDecoder:
                 f"{self.target.max_length}, leaving no room to generate; shorten the prompt."
             )
         return ids
+
+    def _processing_for(
+        self, config: GenerationConfig, prompt_length: int, eos_ids: set[int]
+    ) -> TreeProcessing | None:
+        """This generation's logits processing, or None when its config asks for none."""
+        if not config.processes_logits:
+            return None
+        if self._processing is None:
+            raise ConfigError(
+                "logits processing (repetition_penalty, logits_processor, json_schema, ...) "
+                "needs a decoder built with `processing=` (verispec.SpeculativeDecoder "
+                "supplies verispec.processors.processing_for); this one has none."
+            )
+        return self._processing(
+            config,
+            prompt_length=prompt_length,
+            tokenizer=self.tokenizer,
+            eos_token_ids=sorted(eos_ids),
+            vocab_size=self.target.vocab_size,
+        )
 
     def _eos_ids(self, config: GenerationConfig) -> set[int]:
         if config.eos_token_ids is not None:
@@ -401,6 +437,7 @@ class SpeculativeDecoder:
             else None
         )
         eos_ids = self._eos_ids(config)
+        processing = self._processing_for(config, len(ids), eos_ids)
         generator = torch.Generator(device="cpu").manual_seed(config.seed)
         fit = self.target.max_length - len(ids) + 1  # the last new token needs no slot
         if config.max_new_tokens > fit:
@@ -445,11 +482,15 @@ class SpeculativeDecoder:
             tree = self.drafter.propose(state)
             if tree.num_nodes > room:
                 tree = tree.truncated(room)
+            if processing is not None:  # drop what the processing forbids, where exact
+                tree = processing.prune(tree, state)
             t1 = clock()
             # 2. score the tree
             target_logits = self.target.forward_tree(tree)  # (N + 1, V)
             t2 = clock()
-            # 3. verify
+            # 3. verify (against the processed rows, each with its own prefix)
+            if processing is not None:
+                target_logits = processing.process(tree, target_logits, state)
             verdict: Verdict
             if keyed is not None:
                 position = len(state.tokens)  # the absolute position of the root's next token

@@ -4,7 +4,8 @@
 * :class:`GenerationConfig` — one generation's settings.
 * :class:`DecodeState` — what a drafter sees when it proposes.
 * :class:`StepOutcome` — what a drafter is told after verification.
-* :class:`LanguageModel`, :class:`Drafter`, :class:`Verifier` — the protocols.
+* :class:`LanguageModel`, :class:`Drafter`, :class:`Verifier`, :class:`TreeProcessing` — the
+  protocols.
 
 Shape glossary: N tree nodes, V vocabulary, S committed tokens.
 """
@@ -20,7 +21,7 @@ import torch
 
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
-from verispec.core.validate import attrs_check, integer
+from verispec.core.validate import attrs_check, integer, number
 from verispec.errors import ConfigError
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "LanguageModel",
     "StepOutcome",
     "PositionKeyedVerifier",
+    "TreeProcessing",
     "Verdict",
     "Verifier",
 ]
@@ -108,6 +110,59 @@ def _check_stop_strings(instance: object, attribute: attrs.Attribute, value: obj
 SEED_LIMIT = 1 << 64
 
 
+def _sequences(value: object) -> tuple[object, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        return (value,)  # rejected by the validator, with the value named
+    return tuple(_token_ids(v) for v in value)
+
+
+def _check_sequences(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if value is None:
+        return
+    ok = isinstance(value, tuple) and all(
+        isinstance(seq, tuple)
+        and seq
+        and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in seq)
+        for seq in value
+    )
+    if not ok or not value:
+        raise ConfigError(
+            f"`{attribute.name}` must be a non-empty list of non-empty lists of token ids "
+            f"(integers >= 0), e.g. [[42], [7, 9]]; got {value!r}."
+        )
+
+
+def _processors(value: object) -> tuple[object, ...]:
+    if value is None:
+        return ()
+    if callable(value) and not isinstance(value, list | tuple):
+        return (value,)
+    return tuple(value) if isinstance(value, Iterable) else (value,)
+
+
+def _check_processors(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    for item in value:  # type: ignore[attr-defined]
+        if isinstance(item, type) or not callable(item):
+            raise ConfigError(
+                f"`{attribute.name}` must be a list of logits processors (callables "
+                f"`(input_ids, scores) -> scores`, e.g. transformers' LogitsProcessor "
+                f"instances); got {type(item).__name__} {item!r}."
+            )
+
+
+def _check_schema(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if value is not None and not isinstance(value, str | dict):
+        raise ConfigError(
+            f"`{attribute.name}` must be a JSON schema as a dict or a JSON string, or None; "
+            f"got {type(value).__name__} {value!r}."
+        )
+
+
+def _check_text(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if value is not None and not (isinstance(value, str) and value):
+        raise ConfigError(f"`{attribute.name}` must be a non-empty string or None; got {value!r}.")
+
+
 @attrs.frozen
 class GenerationConfig:
     """Settings of one generation, mirroring Hugging Face's ``GenerationConfig`` names.
@@ -123,6 +178,14 @@ class GenerationConfig:
         seed: an integer in [0, 2**64). Seeds the ``torch.Generator`` of every random
             draw and keys the coupled rule's per-position noise (docs/exactness.rst,
             "Seeds and reproducibility").
+        repetition_penalty, no_repeat_ngram_size, min_new_tokens, bad_words_ids,
+            suppress_tokens: transformers' processors of those names, applied to every
+            tree row with that row's prefix (:mod:`verispec.processors`).
+        logits_processor: more processors, ``(input_ids, scores) -> scores`` functions of
+            the prefix (transformers' ``LogitsProcessor`` instances), applied after those.
+        json_schema, regex, grammar: the output must follow this JSON schema (a dict or
+            a JSON string), regular expression or Lark/EBNF grammar (at most one; needs
+            the decoder's tokenizer and the ``llguidance`` package).
     """
 
     max_new_tokens: int = attrs.field(default=128, validator=attrs_check(integer, 1))
@@ -143,9 +206,56 @@ class GenerationConfig:
     seed: int = attrs.field(
         default=0, validator=attrs_check(integer, 0, below=SEED_LIMIT, integral=True)
     )
+    # -- logits processing (verispec.processors), Hugging Face's names -------------------
+    repetition_penalty: float = attrs.field(
+        default=1.0, validator=attrs_check(number, 0.0, strict=True)
+    )
+    no_repeat_ngram_size: int = attrs.field(default=0, validator=attrs_check(integer, 0))
+    min_new_tokens: int = attrs.field(default=0, validator=attrs_check(integer, 0))
+    bad_words_ids: tuple[tuple[int, ...], ...] | None = attrs.field(
+        default=None,
+        converter=attrs.converters.optional(_sequences),  # type: ignore[misc]
+        validator=_check_sequences,
+    )
+    suppress_tokens: tuple[int, ...] | None = attrs.field(
+        default=None,
+        converter=attrs.converters.optional(_token_ids),  # type: ignore[misc]
+        validator=_check_token_ids,
+    )
+    logits_processor: tuple[object, ...] = attrs.field(
+        default=(), converter=_processors, validator=_check_processors
+    )
+    json_schema: str | dict | None = attrs.field(default=None, validator=_check_schema)
+    regex: str | None = attrs.field(default=None, validator=_check_text)
+    grammar: str | None = attrs.field(default=None, validator=_check_text)
 
     def __attrs_post_init__(self) -> None:
         self.sampling  # noqa: B018 - validates the sampling fields eagerly
+        given = [
+            name for name in ("json_schema", "regex", "grammar") if getattr(self, name) is not None
+        ]
+        if len(given) > 1:
+            raise ConfigError(
+                f"give at most one of `json_schema`, `regex` and `grammar`; got {given}."
+            )
+
+    @property
+    def processes_logits(self) -> bool:
+        """True when a setting asks for logits processing beyond the sampling parameters."""
+        return bool(
+            self.repetition_penalty != 1.0
+            or self.no_repeat_ngram_size
+            or self.min_new_tokens
+            or self.bad_words_ids
+            or self.suppress_tokens
+            or self.logits_processor
+            or self.constrained
+        )
+
+    @property
+    def constrained(self) -> bool:
+        """True when the output must follow a JSON schema, a regex or a grammar."""
+        return self.json_schema is not None or self.regex is not None or self.grammar is not None
 
     @property
     def sampling(self) -> SamplingParams:
@@ -319,4 +429,27 @@ class PositionKeyedVerifier(Protocol):
         position: int | None = None,
     ) -> Verdict:
         """Args: target_logits: float, Shape: (N + 1, V); position: see the class."""
+        ...
+
+
+@runtime_checkable
+class TreeProcessing(Protocol):
+    """Logits processing of one generation, applied to every row of a step's tree.
+
+    Row ``r``'s logits are the target's distribution after the row's *prefix*: the
+    committed tokens, then the tokens on the path to the row's node. Processing each row
+    with its own prefix gives every node the distribution the target would have there
+    with the processing on, so verifying against the processed rows keeps the output
+    exact (docs/processors.rst). Built per generation by the decoder's processing factory
+    (:func:`verispec.processors.processing_for`).
+    """
+
+    def prune(self, tree: DraftTree, state: DecodeState) -> DraftTree:
+        """``tree`` without nodes the processing forbids, where dropping them keeps the
+        proposal laws (else ``tree`` itself); called before the target scores it."""
+        ...
+
+    def process(self, tree: DraftTree, logits: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """The processed logits. Args: logits: float, Shape: (N + 1, V), not modified.
+        Returns: float, Shape: (N + 1, V)."""
         ...

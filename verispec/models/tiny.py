@@ -151,6 +151,11 @@ class ByteTokenizer:
         data = bytes(int(i) - self._OFFSET for i in ids if int(i) >= self._OFFSET)
         return data.decode("utf-8", errors="replace")
 
+    def token_bytes(self) -> list[bytes]:
+        """Each id's bytes, BOS and EOS as their names: the token list structured output
+        (``llguidance``) reads."""
+        return [b"<s>", b"</s>", *(bytes([b]) for b in range(256))]
+
 
 def load_smoke_model(
     dtype: torch.dtype = torch.float32,
