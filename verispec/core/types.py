@@ -122,7 +122,7 @@ def _check_sequences(instance: object, attribute: attrs.Attribute, value: object
     ok = isinstance(value, tuple) and all(
         isinstance(seq, tuple)
         and seq
-        and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in seq)
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in seq)
         for seq in value
     )
     if not ok or not value:
