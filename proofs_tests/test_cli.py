@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -78,6 +79,9 @@ def test_methods_lists_every_registered_method(capsys: pytest.CaptureFixture[str
         (["bench", "--json", "no/such/dir/out.json"], "does not exist"),
         (["generate", "--method", "ar,hf", "--prompt", "x"], "takes one method spec"),
         (["generate", "--method", "tr", "--prompt", "  "], "`--prompt` must not be empty"),
+        (["generate", "--prompt", "x", "--json-schema", "no/such.json"], "cannot be read"),
+        (["generate", "--prompt", "x", "--repetition-penalty", "0"], "`repetition_penalty`"),
+        (["generate", "--prompt", "x", "--regex", "a", "--grammar", "g"], "not allowed with"),
         (["bench", "--device", "cpu", "--kernels", "triton"], "`--kernels triton` needs"),
         (
             ["generate", "--prompt", "x", "--device", "cpu", "--kernels", "triton"],
@@ -178,6 +182,29 @@ def test_generate_prints_the_answer_and_its_statistics(
     assert "tokens: " in text and "tokens/s" in text
     assert "mean accepted tokens per step (MAT)" in text
     assert "time: draft" in text
+
+
+def test_generate_follows_a_regex_and_writes_its_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`verispec generate --regex R --json PATH` prints an answer that matches R and writes
+    the answer with its per-request figures, which agree with each other."""
+    out = tmp_path / "answer.json"
+    argv = ["generate", "--model", "tiny", "--threads", "1", "--method", "dtr:budget=8",
+            "--prompt", "Hello", "--max-new-tokens", "12", "--no-chat",
+            "--regex", "(yes|no|maybe)!", "--repetition-penalty", "1.2",
+            "--json", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    record = json.loads(out.read_text())
+    assert record["finish_reason"] == "eos"
+    assert record["text"] in ("yes!", "no!", "maybe!")
+    assert record["text"] in capsys.readouterr().out
+    figures = record["spec_decode"]
+    assert figures["num_steps"] >= 1
+    assert figures["num_accepted_tokens"] == sum(figures["num_accepted_tokens_per_pos"])
+    assert figures["num_accepted_tokens"] <= figures["num_draft_tokens"]
+    per_pos = figures["num_accepted_tokens_per_pos"]
+    assert all(a >= b for a, b in itertools.pairwise(per_pos))
 
 
 def _records_with_one_answer(tmp_path: Path) -> Path:

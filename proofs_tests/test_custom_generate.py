@@ -88,6 +88,14 @@ def test_return_dict_carries_the_acceptance_figures(hf_model: Any) -> None:
         sum(a + 1 for a in out.accepted_lengths) / out.num_steps
     )
     assert sum(out.tree_sizes) > 0  # the drafter sent trees
+    figures = out.spec_decode_metrics  # vLLM's spec-decode metric names
+    assert figures is not None
+    assert figures["num_draft_tokens"] == sum(out.tree_sizes)
+    assert figures["num_accepted_tokens"] == sum(out.accepted_lengths)
+    assert figures["num_drafts"] == sum(1 for size in out.tree_sizes if size)
+    per_pos = figures["num_accepted_tokens_per_pos"]
+    assert per_pos == [sum(1 for a in out.accepted_lengths if a > k) for k in range(len(per_pos))]
+    assert figures["mean_accepted_tokens"] == out.mean_accepted_tokens
 
 
 def test_sampling_is_reproducible_with_a_seed(hf_model: Any) -> None:

@@ -331,6 +331,56 @@ def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
     )
 
 
+def _processing_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "logits processing and structured output (applied to every tree node)"
+    )
+    group.add_argument(
+        "--repetition-penalty",
+        type=_number(0.0, math.inf, "low"),
+        default=1.0,
+        metavar="X",
+        help="transformers' repetition penalty (default 1: none)",
+    )
+    group.add_argument(
+        "--no-repeat-ngram-size",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="never repeat an n-gram of this size (default 0: off)",
+    )
+    exclusive = group.add_mutually_exclusive_group()
+    exclusive.add_argument(
+        "--json-schema", metavar="PATH", help="the answer follows this JSON schema (a file)"
+    )
+    exclusive.add_argument("--regex", metavar="R", help="the answer matches this regex")
+    exclusive.add_argument(
+        "--grammar", metavar="PATH", help="the answer follows this Lark grammar (a file)"
+    )
+
+
+def _processing(args: argparse.Namespace) -> dict[str, Any]:
+    """The GenerationConfig fields of the processing options (files read here)."""
+    from verispec.errors import ConfigError
+
+    def read(option: str, path: str | None) -> str | None:
+        if path is None:
+            return None
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read()
+        except OSError as error:
+            raise ConfigError(f"`{option}` {path!r} cannot be read: {error.strerror}.") from None
+
+    return {
+        "repetition_penalty": args.repetition_penalty,
+        "no_repeat_ngram_size": args.no_repeat_ngram_size,
+        "json_schema": read("--json-schema", args.json_schema),
+        "regex": args.regex,
+        "grammar": read("--grammar", args.grammar),
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="verispec",
@@ -426,6 +476,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="no notices of long waits (conversion, latency tables, compilation)",
     )
     _generation_options(generate, 128)
+    _processing_options(generate)
+    generate.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the answer and its per-request figures (vLLM's spec-decode metric "
+        "names where they match) to this JSON file",
+    )
     _model_options(generate)
     _kernel_option(generate)
 
@@ -883,9 +940,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    import attrs
+
     from verispec.bench.methods import METHODS
     from verispec.bench.prompts import build_prompt_ids
     from verispec.bench.runner import build_runners, check_available
+    from verispec.core.types import GenerationConfig
     from verispec.errors import ConfigError
     from verispec.specs import parse_methods
 
@@ -895,6 +955,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise ConfigError("`--prompt` must not be empty.")
     config = _bench_config(args)
+    processing = _processing(args)
+    GenerationConfig(**processing)  # bad settings fail before the model loads
     _device(args.device)
     check_available(specs)
     kernels = _kernel_scope(args)
@@ -904,10 +966,26 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     ids = build_prompt_ids(tokenizer, [{"role": "user", "content": args.prompt}], chat=args.chat)
     with kernels:
         runner = build_runners(context, specs)[specs[0].label]
-        result = runner.run(ids, config.generation(context.eos_token_ids))
+        generation = attrs.evolve(config.generation(context.eos_token_ids), **processing)
+        result = runner.run(ids, generation)
     print(result.text)
     print()
     print(_generate_stats(specs[0].label, result, len(ids)))
+    if args.json:
+        import json
+
+        engine_result = getattr(runner, "last_result", None)
+        record = {
+            "method": specs[0].label,
+            "text": result.text,
+            "tokens": list(result.tokens),
+            "prompt_tokens": len(ids),
+            "finish_reason": result.finish_reason,
+            "seconds": result.seconds,
+            "spec_decode": engine_result.spec_decode_metrics() if engine_result else None,
+        }
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=2)
     return 0
 
 

@@ -73,6 +73,8 @@ class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
         num_steps: target forwards after the prefill.
         tree_sizes: draft nodes sent to the target at each step.
         accepted_lengths: draft tokens accepted at each step (the extra token not counted).
+        spec_decode_metrics: the request's figures, named as vLLM's spec-decode metrics
+            (:meth:`~verispec.core.engine.GenerationResult.spec_decode_metrics`).
         result: verispec's :class:`~verispec.core.engine.GenerationResult` (timings too).
     """
 
@@ -80,6 +82,7 @@ class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
     num_steps: int | None = None
     tree_sizes: tuple[int, ...] | None = None
     accepted_lengths: tuple[int, ...] | None = None
+    spec_decode_metrics: dict[str, Any] | None = None
     result: GenerationResult | None = None
 
 
@@ -508,5 +511,6 @@ def _output(
         num_steps=len(steps),
         tree_sizes=tuple(s.tree_size for s in steps),
         accepted_lengths=tuple(s.accepted for s in steps),
+        spec_decode_metrics=result.spec_decode_metrics() if result is not None else None,
         result=result,
     )

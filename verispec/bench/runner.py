@@ -18,6 +18,7 @@ timed by hooks; :class:`LlamaCppRunner` llama-cpp-python on the target's GGUF fi
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import re
 import time
@@ -29,6 +30,7 @@ import attrs
 import torch
 
 from verispec.bench.prompts import Question, build_prompt_ids
+from verispec.core.engine import GenerationResult
 from verispec.core.types import Drafter, GenerationConfig, LanguageModel
 from verispec.core.validate import attrs_check, boolean, integer
 from verispec.decoder import SpeculativeDecoder
@@ -176,8 +178,13 @@ class EngineRunner:
         policy = recursive_verifier if context.verifier == "recursive" else default_verifier
         self.context, self.drafter = context, drafter
         self.decoder = SpeculativeDecoder(context.target, drafter, policy, tokenizer=None)
+        # structured output reads the tokenizer's vocabulary: a decoder that has it
+        self._with_tokenizer = functools.partial(
+            SpeculativeDecoder, context.target, drafter, policy, tokenizer=context.tokenizer
+        )
         self.learns_across_prompts = callable(getattr(drafter, "reset", None))
         self.setup_s = 0.0  # the target's compile time is the model's, reported by the CLI
+        self.last_result: GenerationResult | None = None
 
     def reset(self) -> None:
         if self.learns_across_prompts:
@@ -196,9 +203,11 @@ class EngineRunner:
 
             attention = tree_attention_where_supported(self.context.hf_model)
         with attention:
+            decoder = self._with_tokenizer() if config.constrained else self.decoder
             result, seconds, peak = measure_call(
-                self.context.device, lambda: self.decoder.generate(list(prompt_ids), config)
+                self.context.device, lambda: decoder.generate(list(prompt_ids), config)
             )
+        self.last_result = result  # the per-request figures, for `verispec generate --json`
         split = result.time_split()
         return TurnResult(
             result.tokens,
@@ -213,6 +222,16 @@ class EngineRunner:
             peak_memory=peak,
             finish_reason=result.finish_reason,
             prefill_s=result.prefill_s,
+        )
+
+
+def _refuse_processing(peer: object, config: GenerationConfig) -> None:
+    """The peers decode without verispec's processing: refuse rather than ignore it."""
+    if config.processes_logits:
+        raise ConfigError(
+            f"the benchmark peer {type(peer).__name__} does not apply logits processing or "
+            "structured output (repetition penalty, JSON schema, regex, grammar); use a "
+            "verispec method."
         )
 
 
@@ -377,6 +396,7 @@ class HFRunner(_Peer):
             )
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+        _refuse_processing(self, config)
         if self.static_cache:
             needed = len(prompt_ids) + config.max_new_tokens + 1
             self._fit(needed, 512, lambda: self._compile(len(prompt_ids), config))
@@ -488,6 +508,7 @@ class LlamaCppRunner(_Peer):
         return tokens
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+        _refuse_processing(self, config)
         prompt = [int(t) for t in prompt_ids]
         draft_room = self.prompt_lookup[1] if self.prompt_lookup is not None else 0
         self._fit(len(prompt) + config.max_new_tokens + draft_room + 1, 1024, self._build)

@@ -140,6 +140,34 @@ class GenerationResult:
         """New tokens per second over the whole call, prefill included."""
         return len(self.tokens) / self.total_s if self.total_s > 0 else 0.0
 
+    def spec_decode_metrics(self) -> dict[str, Any]:
+        """This request's speculative-decoding figures, named as vLLM's spec-decode metrics
+        where the meaning matches (``num_drafts``, ``num_draft_tokens``,
+        ``num_accepted_tokens``, ``num_accepted_tokens_per_pos``), plus MAT, the draft
+        acceptance rate, nodes per step and the seconds of each phase.
+
+        ``num_accepted_tokens_per_pos[k]`` counts the steps that accepted a draft token at
+        depth ``k + 1`` (a tree's accepted path is one token per depth).
+        """
+        drafted = [s for s in self.steps if s.tree_size > 0]
+        depth = max((s.accepted for s in self.steps), default=0)
+        per_pos = [sum(1 for s in self.steps if s.accepted > k) for k in range(depth)]
+        draft_tokens = sum(s.tree_size for s in self.steps)
+        accepted = sum(s.accepted for s in self.steps)
+        return {
+            "num_steps": self.num_steps,
+            "num_drafts": len(drafted),
+            "num_draft_tokens": draft_tokens,
+            "num_accepted_tokens": accepted,
+            "num_accepted_tokens_per_pos": per_pos,
+            "mean_accepted_tokens": self.mean_accepted_tokens,
+            "draft_acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+            "mean_nodes_per_step": self.mean_tree_size,
+            "prefill_s": self.prefill_s,
+            **{f"{phase}_s": seconds for phase, seconds in self.time_split().items()},
+            "total_s": self.total_s,
+        }
+
     def time_split(self) -> dict[str, float]:
         """Total seconds in drafting, target forwards, verification and KV commits."""
         return {
