@@ -1,8 +1,11 @@
-"""Test-suite wide settings: GPU tests skip without CUDA; hypothesis profiles."""
+"""Test-suite wide settings: GPU tests skip without CUDA; hypothesis profiles; the tiny
+Llama and the one-thread setting the ``generate`` tests share."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -24,3 +27,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread on a shared CPU; the setting is restored."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def hf_model() -> Any:
+    """A tiny float64 Llama (V = 64, 4 layers, eos 1): exact greedy comparisons. Shared:
+    no test may change its weights (build your own model for that)."""
+    from verispec.models.tiny import tiny_llama
+
+    return tiny_llama(vocab_size=64, hidden_size=32, num_layers=4, max_length=512).hf_model

@@ -5,7 +5,6 @@ refuses what it cannot honour."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,19 +21,7 @@ PROMPT = [[5, 9, 14, 5, 9, 14, 22, 5, 9]]
 NEW = 24
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread on a shared CPU; the setting is restored."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def hf_model() -> Any:
-    """A tiny float64 Llama (V = 64, 4 layers, eos 1): exact greedy comparisons."""
-    return tiny_llama(vocab_size=64, hidden_size=32, num_layers=4, max_length=512).hf_model
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

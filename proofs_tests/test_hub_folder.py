@@ -28,6 +28,9 @@ PROMPT = [[5, 9, 14, 5, 9, 14, 22, 5, 9]]
 NEW = 24
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _modules_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """transformers' dynamic-modules cache in a temporary folder; ``sys.path`` and the
@@ -43,21 +46,6 @@ def _modules_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     for name in set(sys.modules) - before:
         if name.startswith("transformers_modules"):
             del sys.modules[name]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread on a shared CPU; the setting is restored."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def hf_model() -> Any:
-    """A tiny float64 Llama (V = 64, 4 layers, eos 1): exact greedy comparisons."""
-    return tiny_llama(vocab_size=64, hidden_size=32, num_layers=4, max_length=512).hf_model
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,6 +40,7 @@ from verispec.processors import (
 PROMPTS = ([5, 9, 14, 5, 9, 14, 22, 5, 9], [3, 3, 7, 40, 41, 3, 7])
 NEW = 24
 METHODS = ("tr", "dtr:budget=16", "pld:max=10")
+pytestmark = pytest.mark.usefixtures("one_thread")
 OPTION_NAMES = (
     "repetition_penalty",
     "no_repeat_ngram_size",
@@ -56,20 +56,6 @@ OPTION_NAMES = (
     "logits_processor",
     "combination",
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def hf_model() -> Any:
-    """A tiny float64 Llama (V = 64, 4 layers, eos 1): exact greedy comparisons."""
-    return tiny_llama(vocab_size=64, hidden_size=32, num_layers=4, max_length=512).hf_model
 
 
 def _plain(hf: Any, prompt: list[int], **options: Any) -> list[int]:
