@@ -57,7 +57,7 @@ def test_a_separate_draft_model_replaces_the_self_draft(target) -> None:  # type
         ("tr:template=7", "must be one of"),
         ("tr:depth=3", "has no parameter `depth`"),
         ("tr,dtr", "must name one method; got 2"),
-        ("hf", "is a benchmark peer, not a verispec drafter"),
+        ("hf", "unknown method `hf`; verispec's drafters: ar, .*peers .* are not drafters"),
         ("tr", "needs `target=`"),
         ("dyspec", "needs `target=`"),
     ],

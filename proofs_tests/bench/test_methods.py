@@ -103,6 +103,23 @@ def test_unknown_method_lists_the_allowed_ones() -> None:
         assert name in str(info.value)
 
 
+def test_every_peer_is_refused_as_a_drafter() -> None:
+    """Each benchmark peer (a method with no verispec drafter) is a method to the benchmark
+    and an error to ``verispec.drafter``, whose message lists the drafters and says that the
+    peers are not drafters (specs/ knows no peer: it is a layer below bench/)."""
+    import verispec
+    from verispec.specs import drafter_names
+
+    peers = [name for name, entry in METHODS.items() if entry.drafter is None]
+    assert {"hf", "hf-pld", "llama-cpp"} <= set(peers)
+    for name in peers:
+        assert [s.name for s in parse_methods(name, METHODS)] == [name]
+        with pytest.raises(ConfigError, match=f"unknown method `{name}`") as info:
+            verispec.drafter(name)
+        assert "peers (transformers' generate, llama.cpp) are not drafters" in str(info.value)
+        assert ", ".join(drafter_names()) in str(info.value)
+
+
 def test_unknown_parameter_lists_the_allowed_ones() -> None:
     """An unknown key raises ConfigError naming the method's parameters."""
     with pytest.raises(ConfigError, match="no parameter `size`") as info:
