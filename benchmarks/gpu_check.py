@@ -4,7 +4,7 @@ Run through ``scripts/gpu_check.sh [--dry-run] [--stages a,b] [OUTDIR]`` (it ins
 wheels in ``.whl/`` without a package index first). Stages, in order:
 
 * ``environment`` — versions, the device, which optional packages import;
-* ``compile`` — ``python -m verispec.kernels.compile_check``: every kernel to a cubin for
+* ``compile`` — ``python benchmarks/compile_check.py``: every kernel to a cubin for
   sm_90 and sm_80, registers and spills;
 * ``gpu_tests`` — ``pytest proofs_tests/kernels -m "not slow"``: the GPU gates (kernel =
   reference on large and adversarial shapes, no recompile after warm-up, decoding with
@@ -122,7 +122,7 @@ def stage_environment(check: Check) -> tuple[str, dict[str, Any]]:
 
 def stage_compile(check: Check) -> tuple[str, dict[str, Any]]:
     out = check.out / "compile.json"
-    args = ["-m", "verispec.kernels.compile_check", "--json", str(out)]
+    args = [str(ROOT / "benchmarks" / "compile_check.py"), "--json", str(out)]
     if check.dry:
         args += ["--arch", "90", "--scenario", "kv_compaction"]
     done = check.python(*args)

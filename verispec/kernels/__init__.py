@@ -18,7 +18,8 @@ the HF adapter's KV cache (compaction) and its ``"verispec"`` attention.
 
 The ``@triton.jit`` modules (tree_attention, greedy_verify, rejection_verify,
 token_recycling, kv_compaction) are imported only when a Triton kernel runs;
-:mod:`.compile_check` compiles them for sm_90 and sm_80 without a GPU.
+``benchmarks/compile_check.py`` (a CI tool outside the package) compiles them for sm_90
+and sm_80 without a GPU.
 """
 
 from verispec.kernels.backend import (

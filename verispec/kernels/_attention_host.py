@@ -64,7 +64,7 @@ def attention_blocks(
     """Default (BLOCK_M, BLOCK_N) of tree attention for N queries of head dim D.
 
     Chosen so that ``ptxas`` reports no register spills for sm_80 and sm_90
-    (:mod:`verispec.kernels.compile_check` measures them): float32 and float64 dots at
+    (``benchmarks/compile_check.py`` measures them): float32 and float64 dots at
     IEEE precision hold much more per thread than 16-bit ones, so they get 16-query tiles.
     """
     if interpreting():

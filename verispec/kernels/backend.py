@@ -19,7 +19,7 @@ over the environment variable. A model that runs tree attention of its own asks
 
 Triton reads ``TRITON_INTERPRET`` when a ``@triton.jit`` function is *defined*, so the
 kernel modules are imported lazily, on the first Triton call, and re-imported if the
-interpreter setting changed since (:func:`kernel_module`). :mod:`.compile_check`
+interpreter setting changed since (:func:`kernel_module`). ``benchmarks/compile_check.py``
 swaps the launches for recordings (:func:`recording_launches`), so that the host
 wrappers' real arguments can be compiled for a GPU that is not there.
 """
@@ -259,7 +259,7 @@ def recording_launches(module_for: Callable[[str], Any]) -> Iterator[None]:
 
     ``module_for(name)`` returns the stand-in for kernel module ``name``; every rule
     then picks Triton whatever the device, and :func:`interpreting` is ``False`` (so the
-    wrappers choose the tile sizes of a real GPU). Used by :mod:`.compile_check`.
+    wrappers choose the tile sizes of a real GPU). Used by ``benchmarks/compile_check.py``.
     """
     token = _recorder.set(module_for)
     try:

@@ -14,10 +14,14 @@ So CI, with no GPU, compiles exactly what a GPU run would compile from the same
 wrapper code: a wrong type, an argument the kernel does not take, a Triton API that
 moved, or a float64 argument passed as float32 all fail here.
 
-Run it as ``python -m verispec.kernels.compile_check [--arch 90 --arch 80] [--json PATH]``.
-It must run in a process where ``TRITON_INTERPRET`` was not set when ``triton`` was
-imported: Triton then defines parts of ``triton.language`` itself (``tl.zeros``...) as
-interpreted functions, which cannot be compiled; the command line clears it first.
+Run it as ``python benchmarks/compile_check.py [--arch 90 --arch 80] [--json PATH]`` from
+the repository (``scripts/gpu_check.sh``'s ``compile`` stage and
+``proofs_tests/kernels/test_compile_check.py`` do). It is a CI tool, not part of the
+package: its scenarios build trees with :mod:`verispec.drafters`, a layer above
+``verispec/kernels`` (docs/architecture.rst). It must run in a process where
+``TRITON_INTERPRET`` was not set when ``triton`` was imported: Triton then defines parts
+of ``triton.language`` itself (``tl.zeros``...) as interpreted functions, which cannot be
+compiled; the command line clears it first.
 :func:`specialization_key` is the key Triton caches compiled kernels under; equal
 keys for launches at different sequence lengths mean no recompile as a sequence grows.
 
@@ -375,7 +379,7 @@ def compile_all(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Compile every scenario; print one line per compile; 1 if a kernel does not compile."""
-    parser = argparse.ArgumentParser(prog="python -m verispec.kernels.compile_check")
+    parser = argparse.ArgumentParser(prog="python benchmarks/compile_check.py")
     parser.add_argument("--arch", type=int, action="append", help="compute capability (90, 80)")
     parser.add_argument("--json", metavar="PATH", help="write the reports as JSON")
     parser.add_argument("--scenario", help="only the scenarios whose name contains this")
