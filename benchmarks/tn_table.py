@@ -26,7 +26,8 @@ import torch
 
 from verispec.bench.records import machine_info
 from verispec.drafters.budget import measure_latency
-from verispec.models.default import _package_gguf, load_default_model
+from verispec.models.default import load_default_model
+from verispec.models.gguf import embedded_gguf
 from verispec.models.runtime import cpu_features
 
 
@@ -37,7 +38,7 @@ def llama_cpp_tn(
     import llama_cpp
 
     llm = llama_cpp.Llama(
-        model_path=str(_package_gguf()), n_ctx=context + max(sizes) + 8, n_threads=threads,
+        model_path=str(embedded_gguf()), n_ctx=context + max(sizes) + 8, n_threads=threads,
         n_threads_batch=threads, logits_all=logits_all, verbose=False,
     )  # fmt: skip
     generator = torch.Generator().manual_seed(0)

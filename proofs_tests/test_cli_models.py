@@ -171,9 +171,9 @@ def test_bench_skips_llama_cpp_where_it_cannot_run(
 def test_generate_with_the_embedded_gguf_file(capsys: pytest.CaptureFixture) -> None:
     """`--model FILE.gguf` (the embedded SmolLM2 file, whose converted copy is shared with
     the default model's cache) loads the model and its tokenizer from the file."""
-    from verispec.models.default import _package_gguf
+    from verispec.models.gguf import embedded_gguf
 
-    argv = ["generate", "--model", str(_package_gguf()), "--threads", "1", "--method", "pld",
+    argv = ["generate", "--model", str(embedded_gguf()), "--threads", "1", "--method", "pld",
             "--prompt", "Name three colours.", "--max-new-tokens", "8"]  # fmt: skip
     assert cli.main(argv) == 0
     out = capsys.readouterr().out

@@ -237,9 +237,9 @@ def _load_draft_model(args: argparse.Namespace, target: Any, tokenizer: Any) -> 
 def _gguf_of(args: argparse.Namespace) -> str | None:
     """The GGUF file the target comes from (for the llama-cpp peers), if any."""
     if args.model == "smollm2":
-        from verispec.models.default import _package_gguf
+        from verispec.models.gguf import embedded_gguf
 
-        return str(_package_gguf())
+        return str(embedded_gguf())
     if args.model not in _BUILTIN_MODELS and args.model.lower().endswith(".gguf"):
         return args.model
     return None

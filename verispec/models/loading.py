@@ -9,8 +9,9 @@ causal LM on disk (no hub is contacted):
 * a **GGUF file** is dequantized by ``transformers`` (it needs the ``gguf`` package) on
   the first load and the result cached under :func:`~verispec.models.default.default_cache_dir`,
   keyed by the file's path, size and modification time, so later loads take seconds
-  (the embedded SmolLM2 file shares :func:`load_default_model`'s cache). Its tokenizer
-  comes from the file's own metadata unless ``tokenizer`` names one.
+  (:mod:`verispec.models.gguf`; the embedded SmolLM2 file shares
+  :func:`~verispec.models.default.load_default_model`'s cache). Its tokenizer comes from
+  the file's own metadata unless ``tokenizer`` names one.
 
 The loaded model is wrapped by :func:`~verispec.models.default.make_target`: the fast
 runtime where it covers the architecture, else the Hugging Face adapter.
@@ -18,7 +19,6 @@ runtime where it covers the architecture, else the Hugging Face adapter.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -26,8 +26,10 @@ from typing import Any
 
 import torch
 
+from verispec.core import paths
 from verispec.core.notices import notice
 from verispec.errors import ConfigError, ModelFileError
+from verispec.models import gguf
 
 __all__ = ["load_model", "model_source"]
 
@@ -58,22 +60,6 @@ def model_source(path: str | os.PathLike[str]) -> tuple[str, Path]:
         f"model `{path}` does not exist; give a model directory, a .gguf file, or one of "
         "the built-in names (smollm2, tiny)."
     )
-
-
-def _gguf_cache(gguf: Path, cache_dir: Path) -> Path:
-    """Where the dequantized copy of ``gguf`` lives (shared with the embedded model's)."""
-    from verispec.models import default
-
-    try:
-        if gguf.resolve() == default._package_gguf().resolve():
-            return cache_dir / default._cache_key(gguf)
-    except Exception:  # the embedded package is not installed: an ordinary file
-        pass
-    stat = gguf.stat()
-    digest = hashlib.sha256(
-        f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-    ).hexdigest()[:16]
-    return cache_dir / f"gguf-{gguf.stem}-{digest}-v{default._CACHE_VERSION}"
 
 
 def _read_causal_lm(directory: Path, dtype: Any, what: str) -> Any:
@@ -138,7 +124,7 @@ def load_model(
     """
     from transformers import AutoTokenizer
 
-    from verispec.models.default import RUNTIMES, _convert, default_cache_dir, make_target
+    from verispec.models.default import RUNTIMES, make_target
     from verispec.models.runtime import default_dtype
 
     if runtime not in RUNTIMES:
@@ -147,16 +133,16 @@ def load_model(
         dtype = default_dtype(device)
     kind, source = model_source(path)
     if kind == "gguf":
-        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-        converted = _gguf_cache(source, root)
+        root = Path(cache_dir).expanduser() if cache_dir is not None else paths.cache_dir()
+        converted = gguf.converted_dir(source, root)
         if not (converted / "config.json").is_file():
-            _convert(source, converted)
+            gguf.convert(source, converted)
         try:
             hf_model = _read_causal_lm(converted, dtype, f"the converted copy of `{path}`")
         except ModelFileError as exc:  # a damaged cache entry: made again from the file
             notice(f"{exc}; converting `{path}` again")
             shutil.rmtree(converted, ignore_errors=True)
-            _convert(source, converted)
+            gguf.convert(source, converted)
             hf_model = _read_causal_lm(converted, dtype, f"the converted copy of `{path}`")
         source = converted
     else:
