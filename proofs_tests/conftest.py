@@ -45,3 +45,17 @@ def hf_model() -> Any:
     from verispec.models.tiny import tiny_llama
 
     return tiny_llama(vocab_size=64, hidden_size=32, num_layers=4, max_length=512).hf_model
+
+
+@pytest.fixture(scope="session")
+def default_model() -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct as ``verispec.load_default_model()`` returns it (the model and
+    its tokenizer), loaded once for the whole run: a load takes 20-50 s on 2 cores. Shared:
+    no test may change its weights or settings (load your own for that)."""
+    from verispec.errors import DefaultModelUnavailableError
+    from verispec.models import load_default_model
+
+    try:
+        return load_default_model()
+    except DefaultModelUnavailableError as error:  # pragma: no cover - packaging issue
+        pytest.skip(str(error))

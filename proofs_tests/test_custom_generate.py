@@ -361,9 +361,9 @@ def test_the_next_generation_uses_edited_weights(kind: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def smollm2_chat() -> tuple[Any, torch.Tensor, torch.Tensor]:
+def smollm2_chat(default_model: tuple[Any, Any]) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """SmolLM2-135M (float32, transformers), a chat prompt's ids and its greedy ``generate``."""
-    model, tokenizer = verispec.load_default_model()
+    model, tokenizer = default_model
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "List the planets of the solar system."}],
         add_generation_prompt=True,

@@ -356,8 +356,8 @@ def test_pruning_drops_forbidden_candidates_and_keeps_sampled_laws() -> None:
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> tuple[Any, Any]:
-    model, tokenizer = verispec.load_default_model()
+def smollm2(default_model: tuple[Any, Any]) -> tuple[Any, Any]:
+    model, tokenizer = default_model
     return model.hf_model, tokenizer
 
 

@@ -133,16 +133,15 @@ def test_registry_entries_are_optional_peers() -> None:
     importlib.util.find_spec("llama_cpp") is None,
     reason="llama-cpp-python is not installed (optional extra: pip install 'verispec[llamacpp]')",
 )
-def test_llama_cpp_on_the_embedded_gguf() -> None:
+def test_llama_cpp_on_the_embedded_gguf(default_model: Any) -> None:
     """With llama-cpp-python installed, both peers answer a chat prompt of SmolLM2's GGUF file:
     plain decoding one token per forward, prompt lookup the same greedy tokens in fewer."""
     from verispec.bench.prompts import build_prompt_ids
     from verispec.bench.runner import make_context
-    from verispec.models.default import load_default_model
     from verispec.models.gguf import embedded_gguf
 
     assert llama_cpp_available() is None
-    model, tokenizer = load_default_model()
+    model, tokenizer = default_model
     context = make_context(model, tokenizer, gguf=str(embedded_gguf()))
     text = "Repeat exactly: one two three four five six seven eight nine ten."
     filler = "Some context to read first. " * 100  # a prompt past 512 tokens (one batch)

@@ -209,12 +209,11 @@ def test_json_report_has_the_documented_schema(e2e_run: Any, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_embedded_model_bench_is_greedy_identical() -> None:
+def test_embedded_model_bench_is_greedy_identical(default_model: Any) -> None:
     """On SmolLM2 (chat template, real tokenizer) ar, hf and tr agree token for token."""
     from verispec.bench.runner import make_context
-    from verispec.models.default import load_default_model
 
-    model, tokenizer = load_default_model()
+    model, tokenizer = default_model
     context = make_context(model, tokenizer)
     questions = [Question(1, "chat", ("Name three primary colours.", "And three secondary?"))]
     specs = parse_methods("ar,hf,tr:template=16", METHODS)

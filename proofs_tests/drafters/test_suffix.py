@@ -248,15 +248,8 @@ def test_greedy_token_identical_on_tiny_llama(tiny, greedy_reference) -> None:
 
 
 @pytest.fixture(scope="module")
-def smollm2(single_thread: None):
-    from verispec.errors import DefaultModelUnavailableError
-    from verispec.models import load_default_model
-
-    try:
-        model, tokenizer = load_default_model()
-    except DefaultModelUnavailableError as error:  # pragma: no cover - packaging issue
-        pytest.skip(str(error))
-    return model, tokenizer
+def smollm2(single_thread: None, default_model: tuple):  # type: ignore[no-untyped-def]
+    return default_model
 
 
 @pytest.mark.slow

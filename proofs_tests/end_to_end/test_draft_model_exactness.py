@@ -113,14 +113,8 @@ def test_greedy_is_token_identical_on_a_tiny_llama(
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> tuple[LanguageModel, LanguageModel, list[int], list[int]]:
-    from verispec.errors import DefaultModelUnavailableError
-    from verispec.models import load_default_model
-
-    try:
-        model, tokenizer = load_default_model()
-    except DefaultModelUnavailableError as error:  # pragma: no cover - packaging issue
-        pytest.skip(str(error))
+def smollm2(default_model: tuple) -> tuple[LanguageModel, LanguageModel, list[int], list[int]]:
+    model, tokenizer = default_model
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Name three uses of a paperclip."}],
         add_generation_prompt=True,

@@ -11,6 +11,7 @@ the same runs are exact but do not reproduce ``ar``'s text.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -86,10 +87,12 @@ def test_recursive_rejection_does_not_reproduce_plain_sampling(tiny: LanguageMod
 
 
 @pytest.mark.slow
-def test_smollm2_fixed_candidate_drafters_reproduce_plain_sampling() -> None:
+def test_smollm2_fixed_candidate_drafters_reproduce_plain_sampling(
+    default_model: tuple[Any, Any],
+) -> None:
     """On SmolLM2-135M (float32), pld, tr and dtr generate ar's 24 tokens for seeds 0-1 at
     temperature 1.0 with top-p 0.9, on two calls each, while drafts are accepted."""
-    model, tokenizer = verispec.load_default_model()
+    model, tokenizer = default_model
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "List the planets of the solar system, one per line."}],
         add_generation_prompt=True,

@@ -75,8 +75,8 @@ def test_cache_dir_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> tuple[HFModel, object]:
-    return load_default_model()
+def smollm2(default_model: tuple[HFModel, object]) -> tuple[HFModel, object]:
+    return default_model
 
 
 @pytest.mark.slow
