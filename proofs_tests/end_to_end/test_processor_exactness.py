@@ -44,8 +44,11 @@ from verispec import SpeculativeDecoder
 from verispec.core import SamplingParams
 from verispec.core.types import DecodeState, Drafter, Verdict
 from verispec.drafters import TokenRecycling
+from verispec.drafters.chain import Chain
 from verispec.drafters.dynamic_token_recycling import DynamicTokenRecycling
 from verispec.drafters.dyspec import DySpec
+from verispec.drafters.rsd_beam import RSDStochasticBeam
+from verispec.drafters.specinfer import SpecInferTree
 from verispec.models.markov import MarkovModel
 from verispec.verifiers import default_verifier
 
@@ -261,3 +264,58 @@ def test_the_audit_rejects_a_mask_applied_after_verification() -> None:
     law = _law(target, _masked, outcomes)
     forbidden = float(counts[law == 0].sum())
     assert forbidden > 0 or law_pvalue(counts[law > 0], law[law > 0]) < POWER_P_VALUE
+
+
+class _Trees:
+    """Records each proposed tree with the committed tokens it hangs below."""
+
+    needs_draft_model = True
+
+    def __init__(self, inner: Drafter) -> None:
+        self._inner, self.trees = inner, []  # type: ignore[var-annotated]
+        self.draft = getattr(inner, "draft", None)
+
+    def begin(self, state: DecodeState) -> None:
+        self._inner.begin(state)
+
+    def propose(self, state: DecodeState):  # type: ignore[no-untyped-def]
+        tree = self._inner.propose(state)
+        self.trees.append((list(state.tokens), tree))
+        return tree
+
+    def observe(self, outcome) -> None:  # type: ignore[no-untyped-def]
+        self._inner.observe(outcome)
+
+
+MASKED_DRAFTERS: dict[str, Callable[[MarkovModel], Drafter]] = {
+    "dyspec": lambda draft: DySpec(draft, budget=6),
+    "chain": lambda draft: Chain(draft, k=3),
+    "specinfer": lambda draft: SpecInferTree(draft, branching=(2, 2)),
+    "rsd-s": lambda draft: RSDStochasticBeam(draft, width=2, depth=3),
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("name", list(MASKED_DRAFTERS))
+def test_draft_model_drafters_spend_no_node_on_a_forbidden_token(
+    name: str, temperature: float
+) -> None:
+    """Under the grammar ``(ab|b)*`` a draft-model drafter masks its own draws: no node of
+    any tree is a token the grammar forbids after its path (40 generations of 6 tokens;
+    nodes below an end-of-sequence node are never committed and not checked)."""
+    target, draft = markov_pair()
+    drafter = _Trees(MASKED_DRAFTERS[name](draft))
+    decoder = SpeculativeDecoder(target, drafter, tokenizer=ABTokenizer())
+    for seed in range(40):
+        decoder.generate(PROMPT, max_new_tokens=6, temperature=temperature, seed=seed,
+                         regex="(ab|b)*", eos_token_ids=[EOS])  # fmt: skip
+    nodes = 0
+    for committed, tree in drafter.trees:
+        for node in range(tree.num_nodes):
+            path = [int(tree.tokens[n]) for n in tree.path_to(node)]
+            if EOS in path[:-1]:
+                continue  # below the end of the answer: never committed, never masked
+            context = committed + path[:-1]
+            assert _masked(context, torch.zeros(3))[path[-1]] > -torch.inf, (committed, path)
+            nodes += 1
+    assert nodes > 40  # trees were sent

@@ -26,6 +26,7 @@ candidates, recursive rejection for the rest). A verifier that declares
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -492,6 +493,9 @@ class SpeculativeDecoder:
             sampling=sampling,
             generator=generator,
         )
+        allowed = getattr(processing, "allowed", None)
+        if callable(allowed):  # a constraint: draft-model drafters mask their draws
+            state.allowed = functools.partial(allowed, state)
         self.drafter.begin(state)
         prefill_s = clock() - start
 

@@ -13,7 +13,7 @@ Shape glossary: N tree nodes, V vocabulary, S committed tokens.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, Protocol, runtime_checkable
 
 import attrs
@@ -276,6 +276,11 @@ class DecodeState:
         generator: the only source of randomness a drafter may use.
         step: index of the step about to run (0 for the first).
         max_nodes: most nodes the engine can take this step (context room left).
+        allowed: where the generation constrains its output (a grammar), the tokens
+            allowed after each of some paths below the root: ``allowed(paths)`` is bool,
+            Shape: (len(paths), V); ``None`` where nothing is constrained. A draft-model
+            drafter masks its draws with it, so it spends no node on a forbidden token
+            (exact: it declares the masked distribution it draws from).
     """
 
     tokens: list[int]
@@ -284,6 +289,7 @@ class DecodeState:
     generator: torch.Generator
     step: int = 0
     max_nodes: int = 1 << 30
+    allowed: Callable[[Sequence[Sequence[int]]], torch.Tensor] | None = None
 
 
 @attrs.frozen
@@ -453,3 +459,7 @@ class TreeProcessing(Protocol):
         """The processed logits. Args: logits: float, Shape: (N + 1, V), not modified.
         Returns: float, Shape: (N + 1, V)."""
         ...
+
+    # Optional: ``allowed(state, paths)``, the tokens a constraint allows after each path
+    # below the root (bool, Shape: (len(paths), V)); the decoder hands it to drafters as
+    # ``DecodeState.allowed``.

@@ -135,6 +135,24 @@ class DraftModelDrafter:
         self._tokens, self._parents = [], []
         return self.draft.forward_tree(DraftTree.empty())[0]
 
+    def masked(self, state: DecodeState, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` of ``rows`` (0 the root, i + 1 node i; Shape: (R, V)) with the tokens
+        the generation's constraint forbids after each row set to -inf (``state.allowed``),
+        so no node is spent on them; unchanged without a constraint, and a row with no
+        allowed token is left as it is (its node is dead: the target rejects it)."""
+        if state.allowed is None:
+            return logits
+        paths = []
+        for row in rows:
+            path, node = [], row - 1
+            while node >= 0:
+                path.append(self._tokens[node])
+                node = self._parents[node]
+            paths.append(path[::-1])
+        allowed = state.allowed(paths).to(logits.device)
+        allowed |= ~allowed.any(-1, keepdim=True)
+        return logits.masked_fill(~allowed[:, : logits.shape[-1]], float("-inf"))
+
     def add_nodes(self, tokens: list[int], parents: list[int]) -> None:
         """Append nodes to this step's tree (parents index earlier nodes, -1 the root)."""
         self._tokens.extend(tokens)
@@ -258,11 +276,13 @@ class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
                 # others' children would be cut, and their distributions cost a softmax)
                 wanted = -(-(limit - count) // b_eff)  # ceil: rows with b children each
                 stop = min(len(level_rows), start + wanted)
-                logits = level_logits[start:stop]  # (R', V)
+                logits = self.masked(state, level_rows[start:stop], level_logits[start:stop])
                 valid: torch.Tensor | None = None
                 if sampling.is_greedy:  # the draft's top choices; no distribution needed
                     probs = logits
                     draws = top_indices(logits, b_eff)  # (R', b)
+                    if state.allowed is not None:  # not the tokens the constraint forbids
+                        valid = logits.gather(-1, draws) > -torch.inf
                 else:
                     probs = processed_probs(logits, sampling)  # (R', V)
                     draws, valid = self.draw_children(probs, b_eff, generator)

@@ -58,6 +58,7 @@ class Chain(DraftModelDrafter):
         for i in range(limit):
             if i > 0:
                 logits = self.score_new_nodes()[0]
+            logits = self.masked(state, [i], logits[None])[0]  # row i: node i - 1
             if sampling.is_greedy:
                 token = argmax_one(logits)  # the draft's top choice
                 laws[i] = DETERMINISTIC

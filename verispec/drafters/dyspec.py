@@ -212,6 +212,7 @@ class DySpec(DraftModelDrafter):
     # -- shared -----------------------------------------------------------------------
 
     def _start(self, state: DecodeState, limit: int) -> None:
+        self._state = state
         self._sampling = state.sampling
         self._limit = limit
         self._orders: dict[int, tuple[list[int], list[float]]] = {}  # row -> draws, their p
@@ -224,6 +225,7 @@ class DySpec(DraftModelDrafter):
 
     def _add_orders(self, rows: list[int], logits: torch.Tensor) -> None:
         """Draw orders (without replacement) of ``rows``, whose logits are (len(rows), V)."""
+        logits = self.masked(self._state, rows, logits)
         probs = processed_probs(logits, self._sampling)  # (R, V)
         greedy = self._sampling.is_greedy
         k = min(self._limit, probs.shape[-1])

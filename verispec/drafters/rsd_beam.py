@@ -172,6 +172,7 @@ class RSDStochasticBeam(DraftModelDrafter):
         for level in range(self.depth):
             if level > 0:
                 level_logits = self.score_new_nodes()  # (R, V)
+            level_logits = self.masked(state, level_rows, level_logits)
             probs = processed_probs(level_logits, sampling)  # (R, V)
             noise = None if sampling.is_greedy else generator
             beam, token, new_scores, new_log_path, valid = stochastic_beam_level(

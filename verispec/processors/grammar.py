@@ -15,6 +15,9 @@ verifier accepts it; :meth:`GrammarConstraint.prune` drops such nodes before the
 scores them wherever that keeps the proposal laws (children of fixed candidates, or any
 child at temperature 0), and the rows of the dead nodes left are given their parent's
 processed logits (never read by a verifier; finite, so every row stays a distribution).
+Draft-model drafters draw no dead node at all: :meth:`GrammarConstraint.allowed_after`
+gives them each row's allowed tokens (``DecodeState.allowed``) and they mask their draft
+distribution with it, declaring the masked law they draw from.
 
 :class:`GrammarLogitsProcessor` is the same constraint as a transformers
 ``LogitsProcessor`` for plain ``generate``, the baseline to compare with.
@@ -148,6 +151,7 @@ class GrammarConstraint:
         self.vocab_size = vocab_size
         self.prompt_length = prompt_length
         self._words = (vocab_size + 31) // 32
+        self._eos = {int(t) for t in getattr(tokenizer, "eos_tokens", ())}
         self._consumed = 0  # generated tokens the matcher has consumed
         self._cached: tuple[DraftTree, torch.Tensor, list[int]] | None = None
 
@@ -177,6 +181,37 @@ class GrammarConstraint:
 
     # -- the tree ------------------------------------------------------------------------
 
+    def _consume(self, path: Sequence[int]) -> int:
+        """Consume ``path``'s tokens while the grammar allows them, stopping before an
+        end-of-sequence token (nothing after it is ever committed); returns how many."""
+        consumed = 0
+        for token in path:
+            if token >= self.vocab_size or token in self._eos:
+                break
+            if self._matcher.validate_tokens([token]) != 1:
+                break
+            self._matcher.consume_token(token)
+            consumed += 1
+        return consumed
+
+    def allowed_after(self, state: DecodeState, paths: Sequence[Sequence[int]]) -> torch.Tensor:
+        """bool, Shape: (len(paths), V): the tokens allowed after each path below the root
+        (all tokens after a path the grammar already forbids: its node is dead anyway)."""
+        self.sync(state.tokens)
+        bits = torch.zeros(len(paths), self._words, dtype=torch.int32)
+        words = bits.numpy()
+        stride = self._words * 4
+        matcher = self._matcher
+        for r, path in enumerate(paths):
+            consumed = self._consume(path)
+            if consumed == len(path):
+                matcher.unsafe_compute_mask_ptr(bits.data_ptr() + r * stride, stride)
+            else:  # the path holds a forbidden token or ends the answer: nothing to mask
+                words[r] = -1
+            if consumed:
+                matcher.rollback(consumed)
+        return ((bits.unsqueeze(-1) >> _BITS) & 1).bool().view(len(paths), -1)[:, : self.vocab_size]
+
     def masks(self, tree: DraftTree, tokens: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
         """The allowed-token bits of every row of ``tree`` after ``tokens`` (committed).
 
@@ -203,11 +238,20 @@ class GrammarConstraint:
                 allowed = (
                     token < self.vocab_size and (int(words[row, token >> 5]) >> (token & 31)) & 1
                 )
-                if allowed and matcher.consume_token(token):
+                if not allowed:
+                    kill(child + 1, source[row])
+                elif token in self._eos:  # the answer ends here: its subtree is never read
+                    unmask(child + 1)
+                elif matcher.consume_token(token):
                     visit(child + 1)
                     matcher.rollback(1)
-                else:
+                else:  # pragma: no cover - the mask allowed it
                     kill(child + 1, source[row])
+
+        def unmask(row: int) -> None:
+            words[row] = -1
+            for child in children[row]:
+                unmask(child + 1)
 
         def kill(row: int, live: int) -> None:
             source[row] = live

@@ -13,7 +13,7 @@ it on a batch. The grammar, if any, comes last and masks every row
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -50,6 +50,12 @@ class TreeProcessor:
         if self.constraint is None or tree.num_nodes == 0:
             return tree
         return self.constraint.prune(tree, state)
+
+    @property
+    def allowed(self) -> Callable[[DecodeState, Sequence[Sequence[int]]], torch.Tensor] | None:
+        """The grammar's allowed tokens after paths below the root, for draft-model
+        drafters (``DecodeState.allowed``); ``None`` without a grammar."""
+        return None if self.constraint is None else self.constraint.allowed_after
 
     def process(self, tree: DraftTree, logits: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """The processed logits, float, Shape: (N + 1, V); ``logits`` is not modified."""
