@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from streamers import RecordingStreamer
 
 import verispec
 from verispec.custom_generate import SpeculativeGenerateOutput, target_for
@@ -158,22 +159,10 @@ def test_text_iterator_streamer_receives_the_whole_text(byte_model: tuple[Any, A
     assert answer and "".join(pieces) == answer
 
 
-class _RecordingStreamer:
-    def __init__(self) -> None:
-        self.puts: list[list[int]] = []
-        self.ended = 0
-
-    def put(self, value: torch.Tensor) -> None:
-        self.puts.append(value.reshape(-1).tolist())
-
-    def end(self) -> None:
-        self.ended += 1
-
-
 def test_streamer_gets_each_steps_tokens(hf_model: Any) -> None:
     """The streamer gets the prompt (from generate), then one put per step whose tokens
     concatenate to the answer, then one ``end``."""
-    streamer = _RecordingStreamer()
+    streamer = RecordingStreamer()
     out = hf_model.generate(
         _ids(),
         max_new_tokens=NEW,

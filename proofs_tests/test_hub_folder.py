@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from streamers import RecordingStreamer
 
 from verispec.custom_generate import SpeculativeGenerateOutput
 from verispec.errors import ConfigError
@@ -169,18 +170,7 @@ def test_streamer_and_stop_strings_pass_through() -> None:
     full = model.generate(ids, max_new_tokens=40, do_sample=False)
     text = tokenizer.decode(full[0, ids.shape[1] :].tolist())
 
-    class Recorder:
-        def __init__(self) -> None:
-            self.puts: list[list[int]] = []
-            self.ended = 0
-
-        def put(self, value: torch.Tensor) -> None:
-            self.puts.append(value.reshape(-1).tolist())
-
-        def end(self) -> None:
-            self.ended += 1
-
-    streamer = Recorder()
+    streamer = RecordingStreamer()
     out = _hub(model, ids, max_new_tokens=40, method="pld", streamer=streamer)
     assert torch.equal(out, full)
     assert streamer.puts[0] == ids[0].tolist() and streamer.ended == 1

@@ -18,7 +18,6 @@ matrices on a shared 2-core machine are ~10x faster single-threaded.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from typing import ClassVar
 
 import pytest
@@ -39,12 +38,7 @@ PROMPT = [3, 5, 7]
 SEEDS = 1000  # generations per temperature
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # proofs_tests/conftest.py
 
 
 @pytest.fixture(scope="module")
