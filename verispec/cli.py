@@ -269,7 +269,17 @@ def _kernel_scope(args: argparse.Namespace) -> Any:
     return use_backend(args.kernels)
 
 
+def _defaults() -> dict[str, Any]:
+    """GenerationConfig's defaults: the flags' defaults are read from them, not retyped."""
+    import attrs
+
+    from verispec.core.types import GenerationConfig
+
+    return {field.name: field.default for field in attrs.fields(GenerationConfig)}
+
+
 def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
+    default = _defaults()
     group = parser.add_argument_group("generation")
     group.add_argument(
         "--max-new-tokens",
@@ -281,35 +291,37 @@ def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
     group.add_argument(
         "--temperature",
         type=_number(0.0, math.inf, "low"),
-        default=0.0,
+        default=default["temperature"],
         metavar="T",
-        help="0 = greedy (default); > 0 samples",
+        help=f"0 = greedy; > 0 samples (default {default['temperature']:g})",
     )
     group.add_argument(
         "--top-k",
         type=_non_negative_int,
-        default=0,
+        default=default["top_k"],
         metavar="K",
-        help="sample from the K most likely tokens (default 0: all)",
+        help=f"sample from the K most likely tokens, 0: all (default {default['top_k']})",
     )
     group.add_argument(
         "--top-p",
         type=_number(0.0, 1.0, "high"),
-        default=1.0,
+        default=default["top_p"],
         metavar="P",
-        help="sample from the smallest set of tokens with mass >= P (default 1: all)",
+        help="sample from the smallest set of tokens with mass >= P, 1: all "
+        f"(default {default['top_p']:g})",
     )
     group.add_argument(
         "--min-p",
         type=_number(0.0, 1.0, "low"),
-        default=0.0,
+        default=default["min_p"],
         metavar="P",
-        help="drop tokens below P times the most likely one (default 0: none)",
+        help=f"drop tokens below P times the most likely one, 0: none (default "
+        f"{default['min_p']:g})",
     )
     group.add_argument(
         "--seed",
         type=_seed,
-        default=0,
+        default=default["seed"],
         metavar="S",
         help="seed of every random draw, in [0, 2**64) (default 0); with the default "
         "verifier, methods whose drafts are fixed candidates (ar, pld, tr, dtr) give "
@@ -332,22 +344,25 @@ def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
 
 
 def _processing_options(parser: argparse.ArgumentParser) -> None:
+    default = _defaults()
     group = parser.add_argument_group(
         "logits processing and structured output (applied to every tree node)"
     )
     group.add_argument(
         "--repetition-penalty",
         type=_number(0.0, math.inf, "low"),
-        default=1.0,
+        default=default["repetition_penalty"],
         metavar="X",
-        help="transformers' repetition penalty (default 1: none)",
+        help=f"transformers' repetition penalty, 1: none (default "
+        f"{default['repetition_penalty']:g})",
     )
     group.add_argument(
         "--no-repeat-ngram-size",
         type=_non_negative_int,
-        default=0,
+        default=default["no_repeat_ngram_size"],
         metavar="N",
-        help="never repeat an n-gram of this size (default 0: off)",
+        help="never repeat an n-gram of this size, 0: off (default "
+        f"{default['no_repeat_ngram_size']})",
     )
     exclusive = group.add_mutually_exclusive_group()
     exclusive.add_argument(

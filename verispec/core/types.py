@@ -108,6 +108,7 @@ def _check_stop_strings(instance: object, attribute: attrs.Attribute, value: obj
 
 
 SEED_LIMIT = 1 << 64
+_SAMPLING = SamplingParams()  # its defaults are the generation config's
 
 
 def _sequences(value: object) -> tuple[object, ...]:
@@ -189,10 +190,11 @@ class GenerationConfig:
     """
 
     max_new_tokens: int = attrs.field(default=128, validator=attrs_check(integer, 1))
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
+    # the sampling fields' defaults are SamplingParams' (checked there, by `sampling`)
+    temperature: float = _SAMPLING.temperature
+    top_k: int = _SAMPLING.top_k
+    top_p: float = _SAMPLING.top_p
+    min_p: float = _SAMPLING.min_p
     eos_token_ids: tuple[int, ...] | None = attrs.field(
         default=None,
         converter=attrs.converters.optional(_token_ids),  # type: ignore[misc]
