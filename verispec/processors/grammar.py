@@ -39,6 +39,14 @@ from verispec.errors import ConfigError
 __all__ = ["GrammarConstraint", "GrammarLogitsProcessor", "grammar_text", "ll_tokenizer"]
 
 _BITS = torch.arange(32, dtype=torch.int32)
+
+
+def _unpack(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bool, Shape: (R, vocab_size): the allowed tokens of llguidance's int32 bitmasks
+    (Shape: (R, ceil(V / 32)), bit ``t % 32`` of word ``t // 32`` for token ``t``)."""
+    return ((bits.unsqueeze(-1) >> _BITS) & 1).bool().view(bits.shape[0], -1)[:, :vocab_size]
+
+
 _LL_TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
 
 
@@ -210,7 +218,7 @@ class GrammarConstraint:
                 words[r] = -1
             if consumed:
                 matcher.rollback(consumed)
-        return ((bits.unsqueeze(-1) >> _BITS) & 1).bool().view(len(paths), -1)[:, : self.vocab_size]
+        return _unpack(bits, self.vocab_size)
 
     def masks(self, tree: DraftTree, tokens: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
         """The allowed-token bits of every row of ``tree`` after ``tokens`` (committed).
@@ -293,8 +301,7 @@ class GrammarConstraint:
         else:
             bits, source = self.masks(tree, state.tokens)
         self._cached = None
-        allowed = ((bits.unsqueeze(-1) >> _BITS) & 1).bool().view(bits.shape[0], -1)
-        logits.masked_fill_(~allowed[:, : logits.shape[-1]], float("-inf"))
+        logits.masked_fill_(~_unpack(bits, logits.shape[-1]), float("-inf"))
         dead = [r for r, s in enumerate(source) if s != r]
         if dead:
             logits[dead] = logits[[source[r] for r in dead]]
@@ -357,5 +364,4 @@ class GrammarLogitsProcessor:
             )
         self._constraint.sync(input_ids[0].tolist())
         bits = self._constraint.row_mask()
-        allowed = ((bits.unsqueeze(-1) >> _BITS) & 1).bool().view(-1)[: scores.shape[-1]]
-        return scores.masked_fill(~allowed, float("-inf"))
+        return scores.masked_fill(~_unpack(bits[None], scores.shape[-1])[0], float("-inf"))
