@@ -217,17 +217,48 @@ def test_the_prompt_pass_equals_the_tree_kernels_prefill_to_rounding(
     prompt = torch.randint(0, V, (300,), generator=torch.Generator().manual_seed(3))
     model.prefill(prompt)
     layers = len(model.transformer.blocks)
-    assert calls == {"attention": layers, "widened": 4 * layers}  # qkv, o, w13, w2 a layer
+    # qkv, o, w13, w2 a layer; the last layer writes only its keys and values (its output
+    # feeds no row: the root is the next pass's)
+    assert calls == {"attention": layers - 1, "widened": 4 * (layers - 1) + 1}
     fast_root = model.forward_tree(DraftTree.empty())[0]
     monkeypatch.setattr(runtime, "PROMPT_PASS_TOKENS", 10**9)
     view = model.self_draft(model.layer_indices)  # same weights, own cache
     view.prefill(prompt)
-    assert calls == {"attention": layers, "widened": 4 * layers}  # the tree kernels only
+    assert calls == {"attention": layers - 1, "widened": 4 * (layers - 1) + 1}  # tree kernels
     root = view.forward_tree(DraftTree.empty())[0]
     assert (fast_root - root).abs().max().item() < 1e-4 * root.abs().max().item()
     for (k, v), (k_ref, v_ref) in zip(model.kv_cache(), view.kv_cache(), strict=True):
         assert (k - k_ref).abs().max().item() < 1e-4 * k_ref.abs().max().item()
         assert (v - v_ref).abs().max().item() < 1e-4 * v_ref.abs().max().item()
+
+
+@needs_kernel
+@pytest.mark.parametrize("length", [PROMPT_PASS_TOKENS + 1, 300])
+def test_a_prefill_skips_the_last_layers_rows_and_caches_the_same_bits(
+    monkeypatch: pytest.MonkeyPatch, length: int
+) -> None:
+    """A prefill chunk whose rows nobody reads runs the last layer's keys and values only;
+    every layer's cache, and the root's logits after it, are bit for bit those of the full
+    pass (attention, feed-forward and final norm of the last layer run and thrown away)."""
+    from verispec.models.llama import Transformer
+
+    prompt = torch.randint(0, V, (length,), generator=torch.Generator().manual_seed(5))
+    model = blocks_model(512)
+    model.prefill(prompt)
+    root = model.forward_tree(DraftTree.empty())
+    skipped = [(k.clone(), v.clone()) for k, v in model.kv_cache()]
+    ran = {"blocks": 0}
+
+    def full_pass(self, x, cos, sin, caches, where, local_mask, layers):  # type: ignore[no-untyped-def]
+        ran["blocks"] += 1
+        return self._blocks(x, cos, sin, caches, where, local_mask, layers)[:0]
+
+    monkeypatch.setattr(Transformer, "_write_caches", full_pass)
+    model.prefill(prompt)
+    assert ran["blocks"] == 1
+    assert torch.equal(model.forward_tree(DraftTree.empty()), root)
+    for (k, v), (k_ref, v_ref) in zip(skipped, model.kv_cache(), strict=True):
+        assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
 
 
 def test_weights_choices_are_checked() -> None:

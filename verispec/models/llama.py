@@ -410,8 +410,7 @@ def attend_prompt(
     (:mod:`verispec.models._prompt`)."""
     start = int(where[0])
     q_len, heads, head_dim = q.shape
-    cache_k[:, start : start + q_len] = k.transpose(0, 1)
-    cache_v[:, start : start + q_len, :head_dim] = v.transpose(0, 1)
+    write_prompt_cache(k, v, cache_k, cache_v, start)
     slots, width = start + q_len, local_mask.shape[1]
     mask = None
     if start > 0 or width != q_len:
@@ -427,6 +426,16 @@ def attend_prompt(
         enable_gqa=True,
     )  # (1, H, Q, D)
     return out[0].transpose(0, 1).reshape(q_len, heads * head_dim)
+
+
+def write_prompt_cache(
+    k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int
+) -> None:
+    """Write a prompt pass's keys and values (Shape: (Q, KV heads, D)) to slots
+    ``[start, start + Q)`` of the cache."""
+    q_len, _, head_dim = k.shape
+    cache_k[:, start : start + q_len] = k.transpose(0, 1)
+    cache_v[:, start : start + q_len, :head_dim] = v.transpose(0, 1)
 
 
 class Attention(nn.Module):
@@ -468,6 +477,28 @@ class Attention(nn.Module):
         )
         return _matmul(self.wo, out)
 
+    def write_cache(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        where: torch.Tensor,
+    ) -> None:
+        """A prompt pass's keys and values of ``x`` to the cache, and nothing else: what the
+        last layer of a prefill chunk whose rows nobody reads must do (the same bits as
+        :meth:`forward` writes there)."""
+        q_len = x.shape[0]
+        heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = _matmul(self.wqkv, x)
+        k = _rope(
+            qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(q_len, -1, head_dim),
+            cos,
+            sin,
+        )
+        v = qkv[:, (heads + kv_heads) * head_dim :].view(q_len, kv_heads, head_dim)
+        write_prompt_cache(k, v, cache.k, cache.v, int(where[0]))
+
 
 class FeedForward(nn.Module):
     """SwiGLU: ``w2(silu(x W1) * x W3)``, with W1 and W3 as one matrix ``w13``."""
@@ -504,6 +535,17 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin, cache, where, local_mask)
         return h + self.feed_forward(self.ffn_norm(h))
+
+    def write_cache(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        where: torch.Tensor,
+    ) -> None:
+        """Only the keys and values of ``x`` to the cache (:meth:`Attention.write_cache`)."""
+        self.attention.write_cache(self.attention_norm(x), cos, sin, cache, where)
 
 
 class Transformer(nn.Module):
@@ -561,6 +603,7 @@ class Transformer(nn.Module):
         layers: tuple[int, ...] | None = None,
         *,
         prompt: bool = False,
+        cache_only: bool = False,
     ) -> torch.Tensor:
         """The final-normed hidden states of ``tokens``.
 
@@ -578,6 +621,10 @@ class Transformer(nn.Module):
             prompt: a prompt's causal pass (prefill), with kernels made for many rows
                 whose rows are not row-invariant (:mod:`verispec.models._prompt`): every
                 decoding method prefills alike; tree passes never set it.
+            cache_only: with ``prompt``, a pass whose rows nobody reads (a prefill chunk
+                before the root): it writes every layer's keys and values and skips what
+                only the rows need, the last layer's attention and feed-forward and the
+                final norm, and returns Shape: (0, E). The cache holds the same bits.
 
         Returns:
             Shape: (Q, E), in the compute dtype.
@@ -586,6 +633,8 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         if prompt:
             with prompt_pass():
+                if cache_only:
+                    return self._write_caches(x, cos, sin, caches, where, local_mask, layers)
                 return self._blocks(x, cos, sin, caches, where, local_mask, layers)
         if self.cpu_layers is not None and not torch.compiler.is_compiling():
             kernel = self.cpu_layers if layers is None else self.cpu_layers.subset(layers)
@@ -607,6 +656,24 @@ class Transformer(nn.Module):
         for block, cache in zip(blocks, caches, strict=True):
             x = block(x, cos, sin, cache, where, local_mask)
         return self.norm(x)
+
+    def _write_caches(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        caches: list[KVCache],
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
+        layers: tuple[int, ...] | None,
+    ) -> torch.Tensor:
+        """:meth:`_blocks` for a pass whose rows nobody reads: the last layer writes only
+        its keys and values (its output would feed nothing but the rows)."""
+        blocks = self.blocks if layers is None else [self.blocks[i] for i in layers]
+        for block, cache in zip(blocks[:-1], caches[:-1], strict=True):
+            x = block(x, cos, sin, cache, where, local_mask)
+        blocks[-1].write_cache(x, cos, sin, caches[-1], where)
+        return x[:0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head: hidden Shape: (R, E) to logits Shape: (R, V), float32 or float64."""

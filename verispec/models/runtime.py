@@ -640,8 +640,9 @@ class FastModel(TreeSequenceModel):
         length = -(-(start + padded) // _SLOT_ALIGN) * _SLOT_ALIGN
         self._reserve(length)
         where = torch.tensor([start, length])
+        rows = queries if keep_rows is None else keep_rows
         forward = (
-            functools.partial(self.transformer, prompt=True)
+            functools.partial(self.transformer, prompt=True, cache_only=rows == 0)
             if prompt
             else self._shared.wrapper or self.transformer
         )
@@ -654,7 +655,6 @@ class FastModel(TreeSequenceModel):
                 local_mask.to(self.device, non_blocking=True),
                 self._layers_arg,
             )  # (padded, E)
-        rows = queries if keep_rows is None else keep_rows
         if rows == 0:
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
         # oneDNN's head: at least two rows (same results whatever the count from two).
