@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from verispec import cli
+from verispec.bench.commands import target
 from verispec.bench.methods import METHODS
 
 
@@ -262,7 +263,7 @@ def test_bad_cli_input_is_one_line_naming_the_argument(
     def no_model(*args: object) -> None:
         raise AssertionError("the model was loaded before the bad input was reported")
 
-    monkeypatch.setattr(cli, "_load", no_model)
+    monkeypatch.setattr(target, "load", no_model)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"verispec {argv[0]}: error:"), err
@@ -311,7 +312,7 @@ def test_no_progress_turns_the_notices_of_long_waits_off(
         seen.append(notices_enabled())
         raise ConfigError("stopped by the test")
 
-    monkeypatch.setattr(cli, "_load", probe)
+    monkeypatch.setattr(target, "load", probe)
     assert cli.main([*command, "--model", "tiny", "--no-progress"]) == 2
     assert cli.main([*command, "--model", "tiny"]) == 2
     assert seen == [False, True]

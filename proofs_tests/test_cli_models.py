@@ -12,6 +12,7 @@ import torch
 from saved_models import save_tiny_model
 
 from verispec import cli
+from verispec.bench.commands import target
 from verispec.bench.methods import METHODS
 
 
@@ -91,8 +92,8 @@ def test_draft_model_drafts_for_the_draft_model_methods(
     methods (not a self-draft); the answers stay token-identical to `ar`."""
     parser = cli.build_parser()
     args = parser.parse_args(["bench", "--model", str(model_dir), "--draft-model", str(draft_dir)])
-    model, tokenizer = cli._load(args, [])
-    context = cli._context(args, model, tokenizer)
+    model, tokenizer = target.load(args, [])
+    context = target.context(args, model, tokenizer)
     assert context.draft_model is not None and context.draft_model.num_layers == 1
     spec = METHODS["chain"]
     runner = spec.build(context, {"draft_layers": None, "k": None})
@@ -113,8 +114,8 @@ def test_the_runtime_keeps_the_transformers_model_only_for_the_hf_peers() -> Non
     from verispec.specs import parse_methods
 
     args = cli.build_parser().parse_args(["bench", "--model", "tiny"])
-    alone, _ = cli._load(args, parse_methods("ar,dtr", METHODS))
-    with_peer, _ = cli._load(args, parse_methods("ar,hf-pld", METHODS))
+    alone, _ = target.load(args, parse_methods("ar,dtr", METHODS))
+    with_peer, _ = target.load(args, parse_methods("ar,hf-pld", METHODS))
     assert alone.runtime_note.startswith("fast runtime") and alone.hf_model is None
     assert with_peer.hf_model is not None
 
@@ -134,9 +135,9 @@ def test_draft_model_vocabulary_mismatch(tmp_path: Path, model_dir: Path) -> Non
     args = cli.build_parser().parse_args(
         ["bench", "--model", str(model_dir), "--draft-model", str(other)]
     )
-    model, tokenizer = cli._load(args, [])
+    model, tokenizer = target.load(args, [])
     with pytest.raises(IncompatibleModelsError, match="vocabulary"):
-        cli._context(args, model, tokenizer)
+        target.context(args, model, tokenizer)
 
 
 def _fake_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -152,11 +152,16 @@ def number(
 
 
 def attrs_check(check: Callable[..., object], *args: Any, **kwargs: Any) -> Any:
-    """An ``attrs`` validator running ``check(attribute.name, value, *args, **kwargs)``."""
+    """An ``attrs`` validator running ``check(attribute.name, value, *args, **kwargs)``.
+
+    The validator keeps ``(check, args, kwargs)`` as its ``check`` attribute, so a reader
+    of the field (the CLI's generation flags) learns the allowed range from the field.
+    """
 
     def validator(instance: object, attribute: Any, value: object) -> None:
         check(attribute.name, value, *args, **kwargs)
 
+    validator.check = (check, args, kwargs)  # type: ignore[attr-defined]
     return validator
 
 

@@ -1,0 +1,249 @@
+"""The generation flags of ``verispec bench`` and ``verispec generate``, made from the fields.
+
+Each flag in :data:`FLAGS` is a field of :class:`~verispec.core.types.GenerationConfig`:
+its name is the field's (``top_k`` → ``--top-k``), its default is the field's default,
+and its argparse type checks the range of the field's own check (the validator of
+:class:`~verispec.core.sampling.SamplingParams` for the sampling fields), phrased as
+:func:`verispec.core.validate.bounds` phrases ranges. Only the metavar and the line of
+help are written here. A field that is not a flag is listed in :data:`NOT_FLAGS`, with
+the reason, so a new field of ``GenerationConfig`` is a decision (a test checks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import attrs
+
+from verispec.core.sampling import SamplingParams
+from verispec.core.types import GenerationConfig
+from verispec.core.validate import bounds, in_bounds, integer, interval, number
+from verispec.errors import ConfigError
+
+__all__ = [
+    "FLAGS",
+    "NOT_FLAGS",
+    "Flag",
+    "add_generation_options",
+    "add_processing_options",
+    "bench_config",
+    "int_arg",
+    "number_arg",
+    "processing",
+]
+
+
+def int_arg(low: int, below: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= low`` (and ``< below``, ``<= high``), phrased as
+    :func:`verispec.core.validate.bounds` phrases ranges."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer; got {text!r}") from None
+        if not in_bounds(value, low, high, below):
+            allowed = bounds(low, high=high, below=below)
+            raise argparse.ArgumentTypeError(f"must be {allowed}; got {value}")
+        return value
+
+    return parse
+
+
+Closed = Literal["neither", "low", "high", "both"]
+
+
+def number_arg(low: float, high: float, closed: Closed) -> Callable[[str], float]:
+    """An argparse type: a number in an interval, checked by
+    :func:`verispec.core.validate.interval` (its message, without the argument's name)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number; got {text!r}") from None
+        try:
+            return interval("value", value, low, high, closed=closed)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split("` ", 1)[1].rstrip(".")) from None
+
+    return parse
+
+
+Check = tuple[Callable[..., object], tuple[Any, ...], dict[str, Any]]
+
+
+@attrs.frozen
+class Flag:
+    """The command-line face of one ``GenerationConfig`` field.
+
+    Attributes:
+        metavar: the value's name in ``--help``.
+        help: one line of help; ``{default}`` is replaced by the field's default.
+        group: ``"generation"`` or ``"processing"``, the ``--help`` section.
+        check: the range the flag accepts, when not the field's own check.
+    """
+
+    metavar: str
+    help: str
+    group: Literal["generation", "processing"] = "generation"
+    check: Check | None = None
+
+
+FLAGS: dict[str, Flag] = {
+    "max_new_tokens": Flag("N", "most new tokens per answer (default {default})"),
+    "temperature": Flag("T", "0 = greedy; > 0 samples (default {default:g})"),
+    "top_k": Flag("K", "sample from the K most likely tokens, 0: all (default {default})"),
+    "top_p": Flag(
+        "P", "sample from the smallest set of tokens with mass >= P, 1: all (default {default:g})"
+    ),
+    "min_p": Flag(
+        "P", "drop tokens below P times the most likely one, 0: none (default {default:g})"
+    ),
+    "seed": Flag(
+        "S",
+        "seed of every random draw, in [0, 2**64) (default {default}); with the default "
+        "verifier, methods whose drafts are fixed candidates (ar, pld, tr, dtr) give "
+        "the same text for the same seed",
+    ),
+    "repetition_penalty": Flag(
+        "X",
+        "transformers' repetition penalty, 1: none (default {default:g})",
+        "processing",
+        # 0 passes argparse and is refused by GenerationConfig, whose message names the field
+        check=(number, (0.0,), {}),
+    ),
+    "no_repeat_ngram_size": Flag(
+        "N", "never repeat an n-gram of this size, 0: off (default {default})", "processing"
+    ),
+}
+
+NOT_FLAGS: dict[str, str] = {
+    "eos_token_ids": "the tokenizer's end-of-sequence tokens",
+    "stop_strings": "not on the command line",
+    "min_new_tokens": "not on the command line",
+    "bad_words_ids": "token ids, not on the command line",
+    "suppress_tokens": "token ids, not on the command line",
+    "logits_processor": "Python callables",
+    "json_schema": "--json-schema PATH: a file, read by `processing`",
+    "regex": "--regex R, declared with --json-schema and --grammar (at most one)",
+    "grammar": "--grammar PATH: a file, read by `processing`",
+}
+
+
+def _field(name: str) -> Any:
+    return attrs.fields_dict(GenerationConfig)[name]
+
+
+def _check(name: str) -> Check:
+    """The check of ``GenerationConfig``'s field ``name`` (SamplingParams' for its fields)."""
+    validator = _field(name).validator
+    if validator is None:
+        validator = attrs.fields_dict(SamplingParams)[name].validator
+    return validator.check  # type: ignore[no-any-return]
+
+
+def _arg_type(check: Check) -> Callable[[str], Any]:
+    """The argparse type accepting what ``check`` accepts (its range, not its note)."""
+    function, args, kwargs = check
+    if function is integer:
+        return int_arg(args[0], below=kwargs.get("below"), high=kwargs.get("high"))
+    if function is interval:
+        return number_arg(args[0], args[1], kwargs.get("closed", "neither"))
+    if function is number:
+        low = args[0] if args else 0.0
+        return number_arg(low, math.inf, "neither" if kwargs.get("strict") else "low")
+    raise TypeError(f"no argparse type for the check {function.__name__}")  # pragma: no cover
+
+
+def _add_flags(group: Any, kind: str) -> None:
+    for name, flag in FLAGS.items():
+        if flag.group != kind:
+            continue
+        default = _field(name).default
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            type=_arg_type(flag.check or _check(name)),
+            default=default,
+            metavar=flag.metavar,
+            help=flag.help.format(default=default),
+        )
+
+
+def add_generation_options(parser: argparse.ArgumentParser) -> None:
+    """The ``generation`` flags: :data:`FLAGS`' own, ``--verifier`` and ``--chat``."""
+    group = parser.add_argument_group("generation")
+    _add_flags(group, "generation")
+    group.add_argument(
+        "--verifier",
+        choices=("default", "recursive"),
+        default="default",
+        help="acceptance rule at T > 0: default (seeded identity for fixed-candidate "
+        "trees, recursive rejection for draft-model trees) or recursive (recursive "
+        "rejection for every tree)",
+    )
+    group.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="apply the tokenizer's chat template (default: on)",
+    )
+
+
+def add_processing_options(parser: argparse.ArgumentParser) -> None:
+    """The logits-processing flags and the structured-output ones (at most one)."""
+    group = parser.add_argument_group(
+        "logits processing and structured output (applied to every tree node)"
+    )
+    _add_flags(group, "processing")
+    exclusive = group.add_mutually_exclusive_group()
+    exclusive.add_argument(
+        "--json-schema", metavar="PATH", help="the answer follows this JSON schema (a file)"
+    )
+    exclusive.add_argument("--regex", metavar="R", help="the answer matches this regex")
+    exclusive.add_argument(
+        "--grammar", metavar="PATH", help="the answer follows this Lark grammar (a file)"
+    )
+
+
+def processing(args: argparse.Namespace) -> dict[str, Any]:
+    """The GenerationConfig fields of the processing options (files read here)."""
+
+    def read(option: str, path: str | None) -> str | None:
+        if path is None:
+            return None
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read()
+        except OSError as error:
+            raise ConfigError(f"`{option}` {path!r} cannot be read: {error.strerror}.") from None
+
+    settings = {name: getattr(args, name) for name, f in FLAGS.items() if f.group == "processing"}
+    return {
+        **settings,
+        "json_schema": read("--json-schema", args.json_schema),
+        "regex": args.regex,
+        "grammar": read("--grammar", args.grammar),
+    }
+
+
+def bench_config(args: argparse.Namespace, **extra: Any) -> Any:
+    """The generation settings of the command line, checked (ConfigError names the option)."""
+    from verispec.bench.runner import BenchConfig
+
+    generation = [name for name, flag in FLAGS.items() if flag.group == "generation"]
+    try:
+        return BenchConfig(
+            **{name: getattr(args, name) for name in generation},
+            chat=args.chat,
+            verifier=args.verifier,
+            **extra,
+        )
+    except ConfigError as exc:  # name the option, not the field
+        text = str(exc)
+        for field in generation:
+            text = text.replace(f"`{field}`", f"`--{field.replace('_', '-')}`")
+        raise ConfigError(text) from None
