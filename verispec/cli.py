@@ -31,6 +31,8 @@ from typing import Any
 from verispec.core.types import SEED_LIMIT
 from verispec.core.validate import bounds, in_bounds, interval
 from verispec.errors import ConfigError
+from verispec.kernels.backend import KERNEL_CHOICES
+from verispec.models.default import DTYPES, RUNTIMES
 from verispec.models.runtime import WEIGHTS
 
 __all__ = ["DEFAULT_LIMIT", "DEFAULT_METHODS", "build_parser", "main"]
@@ -40,7 +42,6 @@ __all__ = ["DEFAULT_LIMIT", "DEFAULT_METHODS", "build_parser", "main"]
 # skipped (with a message) where llama-cpp-python is not installed.
 DEFAULT_METHODS = "ar,hf,hf-pld,pld,tr,dtr,llama-cpp,llama-cpp-pld"
 DEFAULT_LIMIT = 1  # questions per category
-_DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEFAULT_BENCH_THREADS = 1  # the benchmark's figures of record are single-threaded
 
 
@@ -95,14 +96,14 @@ def _model_options(parser: argparse.ArgumentParser, threads: int | None = None) 
     _model_source_options(group)
     group.add_argument(
         "--dtype",
-        choices=_DTYPES,
+        choices=DTYPES,
         default="float32",
         help="weight dtype (default float32); auto: bfloat16 where the CPU multiplies it "
         "natively (AVX-512 BF16, AMX) or on CUDA, float32 elsewhere",
     )
     group.add_argument(
         "--runtime",
-        choices=("auto", "fast", "hf"),
+        choices=RUNTIMES,
         default="auto",
         help="what runs the target: fast = verispec's own Llama-family forward (prepacked "
         "weights, static KV cache); hf = the Hugging Face adapter (the reference); auto "
@@ -248,7 +249,7 @@ def _gguf_of(args: argparse.Namespace) -> str | None:
 def _kernel_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kernels",
-        choices=("auto", "triton", "torch"),
+        choices=KERNEL_CHOICES,
         default="auto",
         help="implementation of tree attention, verification, Token Recycling's updates and "
         "KV compaction: auto = the Triton kernels on CUDA, PyTorch elsewhere (default); "
@@ -323,9 +324,9 @@ def _generation_options(parser: argparse.ArgumentParser, max_new: int) -> None:
         type=_seed,
         default=default["seed"],
         metavar="S",
-        help="seed of every random draw, in [0, 2**64) (default 0); with the default "
-        "verifier, methods whose drafts are fixed candidates (ar, pld, tr, dtr) give "
-        "the same text for the same seed",
+        help=f"seed of every random draw, {bounds(0, below=SEED_LIMIT)} (default "
+        f"{default['seed']}); with the default verifier, methods whose drafts are fixed "
+        "candidates (ar, pld, tr, dtr) give the same text for the same seed",
     )
     group.add_argument(
         "--verifier",

@@ -36,6 +36,7 @@ __all__ = [
     "boolean",
     "bounds",
     "check_option",
+    "choice",
     "in_bounds",
     "integer",
     "integer_or_auto",
@@ -149,6 +150,14 @@ def number(
         what = f"a {'finite ' if finite else ''}number {'>' if strict else '>='} {low:g}"
         raise ConfigError(f"`{name}` must be {what}{note}; got {value!r}.")
     return float(value)
+
+
+def choice(name: str, value: Any, allowed: tuple[Any, ...], *, note: str = "") -> Any:
+    """``value`` if it is one of ``allowed`` (a ``Literal``'s values, ``typing.get_args``),
+    else :class:`ConfigError`: "`runtime` must be one of ('auto', 'fast', 'hf'); got 'x'."."""
+    if isinstance(value, bool) or value not in allowed:
+        raise ConfigError(f"`{name}` must be one of {allowed}{note}; got {value!r}.")
+    return value
 
 
 def attrs_check(check: Callable[..., object], *args: Any, **kwargs: Any) -> Any:

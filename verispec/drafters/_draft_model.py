@@ -31,7 +31,7 @@ import attrs
 import torch
 
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw
-from verispec.core.types import DecodeState, LanguageModel, StepOutcome
+from verispec.core.types import DecodeState, LanguageModel, StepOutcome, random_seed
 from verispec.core.validate import integer, option, or_none
 from verispec.drafters._draws import (
     processed_probs,
@@ -70,8 +70,7 @@ def draft_generator(state: DecodeState, device: torch.device) -> torch.Generator
     """
     if device.type == "cpu":
         return state.generator
-    seed = int(torch.randint(0, 2**62, (1,), generator=state.generator))
-    return torch.Generator(device=device).manual_seed(seed)
+    return torch.Generator(device=device).manual_seed(random_seed(state.generator))
 
 
 class DraftModelDrafter:
