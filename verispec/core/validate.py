@@ -227,6 +227,8 @@ def option(
     help: str,
     spec: str | None = None,
     kind: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    converter: Callable[[Any], Any] | None = None,
     **kwargs: Any,
 ) -> Any:
     """A field of a drafter's options: ``attrs.field`` with the check as its validator.
@@ -239,15 +241,21 @@ def option(
         spec: the parameter's name in method specs, when not the field's
             (``pld:max`` for ``max_tokens``).
         kind: the type as method specs read it, when ``check`` does not say
-            (``"bool"``, ``"int"``, ``"float"``).
+            (``"bool"``, ``"int"``, ``"float"``, ``"str"``).
+        choices: the names a method spec may give (``tr:template=16``), where the field
+            takes names; the class may take more (a template as index paths).
+        converter: turns an accepted value into the one the options hold, so that equal
+            settings make equal options (``TokenRecycling(16)`` and ``tr:template=16``).
     """
     return attrs.field(
         default=default,
+        converter=converter,
         validator=None if check is None else attrs_check(check, *args, **kwargs),
         metadata={
             "help": help,
             "spec": spec,
             "kind": kind or _KINDS[getattr(check, "wrapped", check)],
+            "choices": choices,
             "range": _range(check, args, kwargs),
             "check": None if check is None else (check, args, kwargs),
         },

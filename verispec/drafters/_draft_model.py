@@ -203,6 +203,9 @@ class LevelwiseOptions:
     budget: int | None = option(None, or_none(integer), 1, help="cap on the tree size (nodes)")
 
 
+_LEVELWISE = LevelwiseOptions()  # the defaults of SpecInferTree's and RSDConstant's arguments
+
+
 class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
     """A tree with constant branching factors, grown one level per draft call.
 
@@ -224,12 +227,12 @@ class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
         self,
         draft: LanguageModel,
         *,
-        branching: tuple[int, ...] = (2, 2, 2),
-        budget: int | None = None,
+        branching: tuple[int, ...] | int = _LEVELWISE.branching,
+        budget: int | None = _LEVELWISE.budget,
     ) -> None:
         super().__init__(draft)
-        self.options = LevelwiseOptions(branching=branching, budget=budget)
         self.branching = branching_factors("branching", branching)
+        self.options = LevelwiseOptions(branching=self.branching, budget=budget)
         full = 0
         width = 1
         for b in self.branching:
