@@ -44,23 +44,32 @@ from __future__ import annotations
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
 from verispec.core.engine import GenerationResult, require_tokenizer_for_stop_strings
-from verispec.core.types import SEED_LIMIT, Drafter, GenerationConfig, LanguageModel
-from verispec.core.validate import boolean, integer
+from verispec.core.types import (
+    Drafter,
+    GenerationConfig,
+    LanguageModel,
+    check_seed,
+    random_seed,
+)
+from verispec.core.validate import boolean
 from verispec.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
+from verispec.kernels.backend import Kernels, check_kernels
 from verispec.processors import classify
+
+if TYPE_CHECKING:
+    from verispec.models.default import DType, Runtime
 
 __all__ = ["SpeculativeGenerate", "SpeculativeGenerateOutput", "speculative", "target_for"]
 
 _STOPS = {"MaxLengthCriteria", "EosTokenCriteria"}
-_SEED_RANGE = 1 << 62
 
 
 @dataclass
@@ -114,8 +123,8 @@ def _content_sum(tensor: torch.Tensor) -> int:
 def target_for(
     hf_model: Any,
     *,
-    runtime: str = "auto",
-    dtype: torch.dtype | str | None = None,
+    runtime: Runtime = "auto",
+    dtype: torch.dtype | DType | None = None,
     max_length: int | None = None,
 ) -> Any:
     """The verispec model wrapping ``hf_model``, built once and kept on it.
@@ -145,9 +154,9 @@ def speculative(
     *,
     tokenizer: Any = None,
     draft_model: Any = None,
-    runtime: str = "auto",
-    dtype: torch.dtype | str | None = None,
-    kernels: str = "auto",
+    runtime: Runtime = "auto",
+    dtype: torch.dtype | DType | None = None,
+    kernels: Kernels = "auto",
     learn_across_calls: bool = True,
     json_schema: str | dict | None = None,
     regex: str | None = None,
@@ -186,7 +195,7 @@ def speculative(
     Raises:
         ConfigError: a bad spec or option (checked now, before any model is seen).
     """
-    from verispec.models.default import RUNTIMES
+    from verispec.models.default import check_dtype, check_runtime
     from verispec.specs import parse_spec
 
     if not hasattr(GenerationMixin, "_extract_generation_mode_kwargs"):
@@ -204,10 +213,10 @@ def speculative(
             f"`spec_or_drafter` must be a method spec string (e.g. 'dtr'), a drafter or None; "
             f"got {type(spec_or_drafter).__name__}."
         )
-    if runtime not in RUNTIMES:
-        raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
-    if kernels not in ("auto", "triton", "torch"):
-        raise ConfigError(f"`kernels` must be one of auto, triton, torch; got {kernels!r}.")
+    check_runtime(runtime)
+    if dtype is not None:
+        dtype = check_dtype(dtype)
+    check_kernels(kernels)
     boolean("learn_across_calls", learn_across_calls)
     constraint = GenerationConfig(json_schema=json_schema, regex=regex, grammar=grammar)
     if constraint.constrained:
@@ -243,9 +252,9 @@ class SpeculativeGenerate:
         *,
         tokenizer: Any,
         draft_model: Any,
-        runtime: str,
-        dtype: torch.dtype | str | None,
-        kernels: str,
+        runtime: Runtime,
+        dtype: torch.dtype | DType | None,
+        kernels: Kernels,
         learn_across_calls: bool = True,
         constraint: GenerationConfig | None = None,
     ) -> None:
@@ -470,8 +479,8 @@ def _sampling_tail(processors: list[Any]) -> tuple[list[Any], dict[str, Any] | N
 
 def _seed(seed: int | None) -> int:
     if seed is None:  # from torch's global generator: torch.manual_seed makes a call repeat
-        return int(torch.randint(_SEED_RANGE, (1,)).item())
-    return integer("seed", seed, 0, below=SEED_LIMIT)  # the range of GenerationConfig.seed
+        return random_seed()
+    return check_seed("seed", seed)  # the range of GenerationConfig.seed
 
 
 def _with_call_options(

@@ -31,9 +31,12 @@ __all__ = [
     "LanguageModel",
     "StepOutcome",
     "PositionKeyedVerifier",
+    "SEED_LIMIT",
     "TreeProcessing",
     "Verdict",
     "Verifier",
+    "check_seed",
+    "random_seed",
 ]
 
 
@@ -108,6 +111,26 @@ def _check_stop_strings(instance: object, attribute: attrs.Attribute, value: obj
 
 
 SEED_LIMIT = 1 << 64
+"""Seeds are integers in [0, 2**64): ``torch.Generator.manual_seed``'s range, and the
+coupled verifier's 64-bit Philox key. The one bound: :func:`check_seed`, the CLI's
+``--seed`` and :func:`random_seed` read it."""
+
+
+def check_seed(name: str, value: object) -> int:
+    """``value`` if it is an integer in [0, :data:`SEED_LIMIT`) (NumPy integers too, as an
+    ``int``); else :class:`ConfigError` naming ``name``."""
+    return integer(name, value, 0, below=SEED_LIMIT, integral=True)
+
+
+def random_seed(generator: torch.Generator | None = None) -> int:
+    """A seed drawn from ``generator`` (torch's global one when ``None``: then
+    ``torch.manual_seed`` makes the draw repeat), in [0, :data:`SEED_LIMIT` - 1): one
+    int64 draw, shifted to be non-negative."""
+    half = SEED_LIMIT >> 1
+    drawn = torch.randint(-half, half - 1, (1,), generator=generator, dtype=torch.int64)
+    return int(drawn) + half
+
+
 _SAMPLING = SamplingParams()  # its defaults are the generation config's
 
 
@@ -205,9 +228,7 @@ class GenerationConfig:
         converter=_strings,  # type: ignore[misc]
         validator=_check_stop_strings,
     )
-    seed: int = attrs.field(
-        default=0, validator=attrs_check(integer, 0, below=SEED_LIMIT, integral=True)
-    )
+    seed: int = attrs.field(default=0, validator=attrs_check(check_seed))
     # -- logits processing (verispec.processors), Hugging Face's names -------------------
     repetition_penalty: float = attrs.field(
         default=1.0, validator=attrs_check(number, 0.0, strict=True)

@@ -36,6 +36,7 @@ __all__ = [
     "boolean",
     "bounds",
     "check_option",
+    "choice",
     "in_bounds",
     "integer",
     "integer_or_auto",
@@ -151,6 +152,14 @@ def number(
     return float(value)
 
 
+def choice(name: str, value: Any, allowed: tuple[Any, ...], *, note: str = "") -> Any:
+    """``value`` if it is one of ``allowed`` (a ``Literal``'s values, ``typing.get_args``),
+    else :class:`ConfigError`: "`runtime` must be one of ('auto', 'fast', 'hf'); got 'x'."."""
+    if isinstance(value, bool) or value not in allowed:
+        raise ConfigError(f"`{name}` must be one of {allowed}{note}; got {value!r}.")
+    return value
+
+
 def attrs_check(check: Callable[..., object], *args: Any, **kwargs: Any) -> Any:
     """An ``attrs`` validator running ``check(attribute.name, value, *args, **kwargs)``.
 
@@ -223,6 +232,8 @@ def option(
     help: str,
     spec: str | None = None,
     kind: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    converter: Callable[[Any], Any] | None = None,
     **kwargs: Any,
 ) -> Any:
     """A field of a drafter's options: ``attrs.field`` with the check as its validator.
@@ -235,15 +246,21 @@ def option(
         spec: the parameter's name in method specs, when not the field's
             (``pld:max`` for ``max_tokens``).
         kind: the type as method specs read it, when ``check`` does not say
-            (``"bool"``, ``"int"``, ``"float"``).
+            (``"bool"``, ``"int"``, ``"float"``, ``"str"``).
+        choices: the names a method spec may give (``tr:template=16``), where the field
+            takes names; the class may take more (a template as index paths).
+        converter: turns an accepted value into the one the options hold, so that equal
+            settings make equal options (``TokenRecycling(16)`` and ``tr:template=16``).
     """
     return attrs.field(
         default=default,
+        converter=converter,
         validator=None if check is None else attrs_check(check, *args, **kwargs),
         metadata={
             "help": help,
             "spec": spec,
             "kind": kind or _KINDS[getattr(check, "wrapped", check)],
+            "choices": choices,
             "range": _range(check, args, kwargs),
             "check": None if check is None else (check, args, kwargs),
         },

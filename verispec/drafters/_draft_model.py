@@ -31,7 +31,7 @@ import attrs
 import torch
 
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw
-from verispec.core.types import DecodeState, LanguageModel, StepOutcome
+from verispec.core.types import DecodeState, LanguageModel, StepOutcome, random_seed
 from verispec.core.validate import integer, option, or_none
 from verispec.drafters._draws import (
     processed_probs,
@@ -70,8 +70,7 @@ def draft_generator(state: DecodeState, device: torch.device) -> torch.Generator
     """
     if device.type == "cpu":
         return state.generator
-    seed = int(torch.randint(0, 2**62, (1,), generator=state.generator))
-    return torch.Generator(device=device).manual_seed(seed)
+    return torch.Generator(device=device).manual_seed(random_seed(state.generator))
 
 
 class DraftModelDrafter:
@@ -204,6 +203,9 @@ class LevelwiseOptions:
     budget: int | None = option(None, or_none(integer), 1, help="cap on the tree size (nodes)")
 
 
+_LEVELWISE = LevelwiseOptions()  # the defaults of SpecInferTree's and RSDConstant's arguments
+
+
 class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
     """A tree with constant branching factors, grown one level per draft call.
 
@@ -225,12 +227,12 @@ class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
         self,
         draft: LanguageModel,
         *,
-        branching: tuple[int, ...] = (2, 2, 2),
-        budget: int | None = None,
+        branching: tuple[int, ...] | int = _LEVELWISE.branching,
+        budget: int | None = _LEVELWISE.budget,
     ) -> None:
         super().__init__(draft)
-        self.options = LevelwiseOptions(branching=branching, budget=budget)
         self.branching = branching_factors("branching", branching)
+        self.options = LevelwiseOptions(branching=self.branching, budget=budget)
         full = 0
         width = 1
         for b in self.branching:

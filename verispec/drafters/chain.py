@@ -31,6 +31,9 @@ class ChainOptions:
     k: int = option(4, integer, 1, help="chain length (draft tokens per step)")
 
 
+_DEFAULT = ChainOptions()  # the defaults of Chain's arguments
+
+
 class Chain(DraftModelDrafter):
     """``k`` draft tokens sampled one after another.
 
@@ -39,7 +42,7 @@ class Chain(DraftModelDrafter):
         k: the chain length (>= 1), i.e. the tree budget in nodes.
     """
 
-    def __init__(self, draft: LanguageModel, *, k: int = 4) -> None:
+    def __init__(self, draft: LanguageModel, *, k: int = _DEFAULT.k) -> None:
         super().__init__(draft)
         self.options = ChainOptions(k=k)
         self.k = k

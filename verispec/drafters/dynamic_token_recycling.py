@@ -139,6 +139,9 @@ class DynamicTokenRecyclingOptions(CalibrationOptions):
     max_depth: int = option(12, integer, 1, help="deepest node considered")
 
 
+_DEFAULT = DynamicTokenRecyclingOptions()  # the defaults of DynamicTokenRecycling's arguments
+
+
 class DynamicTokenRecycling(DeviceSized):
     """Token Recycling with a budget-optimal, calibrated, PLD-fused dynamic tree.
 
@@ -173,18 +176,18 @@ class DynamicTokenRecycling(DeviceSized):
 
     def __init__(
         self,
-        budget: int | str = "auto",
-        k: int = 8,
+        budget: int | str = _DEFAULT.budget,
+        k: int = _DEFAULT.k,
         *,
-        fusion: bool = True,
-        suffix: bool = False,
+        fusion: bool = _DEFAULT.fusion,
+        suffix: bool = _DEFAULT.suffix,
         latency: LatencyTable | None = None,
-        max_budget: int = 64,
-        max_depth: int = 12,
+        max_budget: int = _DEFAULT.max_budget,
+        max_depth: int = _DEFAULT.max_depth,
         prompt_lookup: PromptLookup | None = None,
         suffix_drafter: SuffixDrafter | None = None,
-        prior_strength: float = 8.0,
-        decay: float = 0.999,
+        prior_strength: float = _DEFAULT.prior_strength,
+        decay: float = _DEFAULT.decay,
         vocab_size: int | None = None,
     ) -> None:
         self.options = DynamicTokenRecyclingOptions(

@@ -116,7 +116,8 @@ class DySpecOptions:
         None,
         or_none(integer_or_auto),
         1,
-        help="tree size m (16 when no threshold is given), or auto (latency table)",
+        help=f"tree size m ({_DEFAULT_BUDGET} when no threshold is given; with one, a cap, "
+        f"{_THRESHOLD_DEFAULT_BUDGET} if unset), or auto (latency table)",
     )
     threshold: float | None = option(
         None,
@@ -128,6 +129,9 @@ class DySpecOptions:
     )
     max_depth: int | None = option(None, or_none(integer), 1, help="cap on the tree depth")
     max_budget: int = option(64, integer, 1, help="most nodes `budget=auto` may grow")
+
+
+_DEFAULT = DySpecOptions()  # the defaults of DySpec's arguments
 
 
 class DySpec(DraftModelDrafter):
@@ -161,15 +165,15 @@ class DySpec(DraftModelDrafter):
         self,
         draft: LanguageModel,
         *,
-        budget: int | str | None = None,
-        threshold: float | None = None,
-        max_depth: int | None = None,
+        budget: int | str | None = _DEFAULT.budget,
+        threshold: float | None = _DEFAULT.threshold,
+        max_depth: int | None = _DEFAULT.max_depth,
         latency: LatencyTable | None = None,
-        max_budget: int = 64,
+        max_budget: int = _DEFAULT.max_budget,
     ) -> None:
         super().__init__(draft)
         if budget is None and threshold is None:
-            budget = _DEFAULT_BUDGET  # Algorithm 1 with 16 nodes, as the options say
+            budget = _DEFAULT_BUDGET  # Algorithm 1 with 16 nodes, as the options' help says
         self.options = DySpecOptions(
             budget=budget, threshold=threshold, max_depth=max_depth, max_budget=max_budget
         )

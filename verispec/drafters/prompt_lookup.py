@@ -144,6 +144,9 @@ class PromptLookupOptions:
             )
 
 
+_DEFAULT = PromptLookupOptions()  # the defaults of PromptLookup's arguments
+
+
 class PromptLookup(DeviceSized):
     """Prompt-lookup drafter that proposes a tree of the context's continuations.
 
@@ -171,13 +174,13 @@ class PromptLookup(DeviceSized):
 
     def __init__(
         self,
-        max_tokens: int | str = "auto",
-        min_ngram: int = 1,
-        max_ngram: int = 3,
+        max_tokens: int | str = _DEFAULT.max_tokens,
+        min_ngram: int = _DEFAULT.min_ngram,
+        max_ngram: int = _DEFAULT.max_ngram,
         *,
-        max_matches: int = 8,
-        tree: bool = True,
-        acceptance: float = 0.5,
+        max_matches: int = _DEFAULT.max_matches,
+        tree: bool = _DEFAULT.tree,
+        acceptance: float = _DEFAULT.acceptance,
         latency: LatencyTable | None = None,
     ) -> None:
         self.options = PromptLookupOptions(

@@ -134,6 +134,9 @@ class RSDStochasticBeamOptions:
     budget: int | None = option(None, or_none(integer), 1, help="cap on the tree size (nodes)")
 
 
+_DEFAULT = RSDStochasticBeamOptions()  # the defaults of RSDStochasticBeam's arguments
+
+
 class RSDStochasticBeam(DraftModelDrafter):
     """RSD-S: a draft tree of width ``W`` and depth ``L`` by Stochastic Beam Search.
 
@@ -145,7 +148,12 @@ class RSDStochasticBeam(DraftModelDrafter):
     """
 
     def __init__(
-        self, draft: LanguageModel, *, width: int = 4, depth: int = 4, budget: int | None = None
+        self,
+        draft: LanguageModel,
+        *,
+        width: int = _DEFAULT.width,
+        depth: int = _DEFAULT.depth,
+        budget: int | None = _DEFAULT.budget,
     ) -> None:
         super().__init__(draft)
         self.options = RSDStochasticBeamOptions(width=width, depth=depth, budget=budget)

@@ -115,6 +115,9 @@ class SuffixOptions(CalibrationOptions):
     min_match: int = option(1, integer, 1, help="shortest suffix match used")
 
 
+_DEFAULT = SuffixOptions()  # the defaults of SuffixDrafter's arguments
+
+
 class SuffixDrafter:
     """Suffix-automaton drafter over the context and a shared corpus.
 
@@ -136,14 +139,14 @@ class SuffixDrafter:
 
     def __init__(
         self,
-        budget: int = 16,
+        budget: int = _DEFAULT.budget,
         *,
         corpus: SuffixCorpus | None = None,
-        max_depth: int = 16,
-        depth_factor: float | None = None,
-        min_match: int = 1,
-        prior_strength: float = 8.0,
-        decay: float = 0.999,
+        max_depth: int = _DEFAULT.max_depth,
+        depth_factor: float | None = _DEFAULT.depth_factor,
+        min_match: int = _DEFAULT.min_match,
+        prior_strength: float = _DEFAULT.prior_strength,
+        decay: float = _DEFAULT.decay,
     ) -> None:
         self.options = SuffixOptions(
             budget=budget,

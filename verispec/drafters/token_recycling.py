@@ -58,7 +58,7 @@ Shape glossary: N tree nodes, V vocabulary, K candidates per token.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -69,12 +69,13 @@ from verispec.core.validate import integer, option
 from verispec.drafters.budget import LatencyTable, choose_budget
 from verispec.drafters.candidates import tried_and_hit
 from verispec.drafters.gate import DeviceSized
-from verispec.drafters.templates import TemplateSpec, resolve_template
+from verispec.drafters.templates import TEMPLATES, TemplateSpec, resolve_template
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.kernels import ops, reference
-from verispec.kernels.backend import backend_for, require_triton
+from verispec.kernels.backend import Kernels, backend_for, require_triton
 
 __all__ = [
+    "TEMPLATE_NAMES",
     "TokenRecycling",
     "TokenRecyclingOptions",
     "row_topk",
@@ -159,14 +160,55 @@ def row_topk_scored(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     return indices, (values.float() - norm).exp_().clamp_(max=1.0)
 
 
+TEMPLATE_NAMES = ("auto", *TEMPLATES)
+"""The templates a name selects: ``"auto"`` (sized by the device) and :data:`TEMPLATES`."""
+
+
+def _check_template(name: str, value: object) -> None:
+    """A template name (:data:`TEMPLATE_NAMES`, or a size as an int), or anything else
+    :func:`~verispec.drafters.templates.resolve_template` reads (index paths, a
+    :class:`~verispec.drafters.templates.TreeTemplate`), whose structure it checks."""
+    named = isinstance(value, str | int) and not isinstance(value, bool)
+    if isinstance(value, bool) or (named and str(value) not in TEMPLATE_NAMES):
+        raise ConfigError(
+            f"`{name}` must be one of {', '.join(TEMPLATE_NAMES)} or a list of index paths; "
+            f"got {value!r}."
+        )
+
+
+def _template_value(value: Any) -> Any:
+    """One value per template: a size given as an int is its name (16 is ``"16"``), index
+    paths are tuples (``[[0], [1]]`` is ``((0,), (1,))``); anything else as given."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, list | tuple):
+        try:
+            return tuple(tuple(path) for path in value)
+        except TypeError:  # not paths: resolve_template says what is wrong
+            return value
+    return value
+
+
 @attrs.frozen
 class TokenRecyclingOptions:
-    """TokenRecycling's scalar parameters, checked (the one description of them)."""
+    """TokenRecycling's parameters, checked (the one description of them)."""
 
+    template: TemplateSpec = option(  # noqa: RUF009 (an attrs field, not a dataclass default)
+        "auto",
+        _check_template,
+        kind="str",
+        choices=TEMPLATE_NAMES,
+        converter=_template_value,
+        help="tree template: auto (the 80-node tree cut to what pays on this device), 2.2.2 "
+        "(= 80, the published tree: the GPU setting), 8, 16, 32",
+    )
     k: int = option(8, integer, 1, high=1024, help="candidates kept per token (K)")
     prune_unknown: bool = option(
         True, kind="bool", spec="prune", help="leave never-observed slots out of the tree"
     )
+
+
+_DEFAULT = TokenRecyclingOptions()  # the defaults of TokenRecycling's arguments
 
 
 class TokenRecycling(DeviceSized):
@@ -198,19 +240,19 @@ class TokenRecycling(DeviceSized):
 
     def __init__(
         self,
-        template: TemplateSpec = "auto",
-        k: int = 8,
+        template: TemplateSpec = _DEFAULT.template,
+        k: int = _DEFAULT.k,
         *,
-        prune_unknown: bool = True,
+        prune_unknown: bool = _DEFAULT.prune_unknown,
         vocab_size: int | None = None,
-        kernels: str = "auto",
+        kernels: Kernels = "auto",
         latency: LatencyTable | None = None,
     ) -> None:
-        self.options = TokenRecyclingOptions(k=k, prune_unknown=prune_unknown)
+        self.options = TokenRecyclingOptions(template, k, prune_unknown)
         self.k = k
         self.kernels = require_triton(kernels)
-        auto = isinstance(template, str) and template == "auto"
-        self.template = resolve_template("2.2.2" if auto else template, k)
+        auto = self.options.template == "auto"
+        self.template = resolve_template("2.2.2" if auto else self.options.template, k)
         self._size_by_device(auto, latency)
         # template="auto": accepted / tried counts of each slot whose parent was accepted
         self._slot_tried = torch.full((k,), _SLOT_PRIOR_TRIES, dtype=torch.float64)

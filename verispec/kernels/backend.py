@@ -33,16 +33,18 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
-from verispec.errors import ConfigError, KernelUnavailableError
+from verispec.core.validate import choice
+from verispec.errors import KernelUnavailableError
 
 __all__ = [
     "ENV_VAR",
     "KERNEL_CHOICES",
     "MIN_TRITON",
+    "Kernels",
     "Backend",
     "backend_for",
     "check_kernels",
@@ -59,7 +61,10 @@ __all__ = [
 ]
 
 ENV_VAR = "VERISPEC_KERNELS"
-KERNEL_CHOICES = ("auto", "triton", "torch")
+Kernels = Literal["auto", "triton", "torch"]
+"""Which implementation a rule with a kernel runs (the module notes); one check,
+:func:`check_kernels`, and the CLI's ``--kernels`` choices read it."""
+KERNEL_CHOICES: tuple[Kernels, ...] = get_args(Kernels)
 MIN_TRITON = (3, 4)
 """Oldest Triton the kernels support (``triton.knobs`` and the compile check's API);
 ``pyproject.toml`` states the same floor (a test keeps them equal)."""
@@ -74,11 +79,10 @@ _recorder: contextvars.ContextVar[Callable[[str], Any] | None] = contextvars.Con
 )
 
 
-def check_kernels(value: object, name: str = "kernels") -> str:
+def check_kernels(value: object, name: str = "kernels") -> Kernels:
     """``value`` if it is in :data:`KERNEL_CHOICES`; else :class:`ConfigError` naming ``name``."""
-    if value not in KERNEL_CHOICES:
-        raise ConfigError(f"`{name}` must be one of {KERNEL_CHOICES}; got {value!r}.")
-    return value  # type: ignore[return-value]
+    checked: Kernels = choice(name, value, KERNEL_CHOICES)
+    return checked
 
 
 def triton_version() -> tuple[int, int] | None:
@@ -197,7 +201,7 @@ def tree_attention_backend(device: torch.device | str, kernels: str = "auto") ->
 
 def require_triton(
     kernels: str, name: str = "kernels", device: torch.device | str | None = None
-) -> str:
+) -> Kernels:
     """Check ``kernels`` when its owner is built (or a command starts); returns it.
 
     With ``"triton"``: a ``triton`` >= :data:`MIN_TRITON` must import, and ``device``
@@ -209,8 +213,8 @@ def require_triton(
         ConfigError: ``kernels`` is not one of :data:`KERNEL_CHOICES`.
         KernelUnavailableError: ``kernels="triton"`` and the kernels cannot run there.
     """
-    check_kernels(kernels, name)
-    if kernels == "triton":
+    checked = check_kernels(kernels, name)
+    if checked == "triton":
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         why = _why_not_triton(torch.device(device))
@@ -220,7 +224,7 @@ def require_triton(
                 f"`{shown}` needs the Triton kernels, which cannot run here: {why}. "
                 "Use 'auto' (Triton on CUDA, PyTorch elsewhere) or 'torch'."
             )
-    return kernels
+    return checked
 
 
 def launch_device(device: torch.device) -> contextlib.AbstractContextManager[Any]:

@@ -17,25 +17,56 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
 from verispec.core.paths import cache_dir
-from verispec.errors import ConfigError, UnsupportedModelError
+from verispec.core.validate import choice
+from verispec.errors import UnsupportedModelError
 from verispec.models.gguf import embedded_gguf
 from verispec.models.hf import HFModel
 from verispec.models.runtime import FastModel
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
+    "DTYPES",
     "RUNTIMES",
+    "DType",
+    "Runtime",
+    "check_dtype",
+    "check_runtime",
     "default_cache_dir",
     "load_default_model",
     "make_target",
 ]
 
-RUNTIMES = ("auto", "fast", "hf")
+Runtime = Literal["auto", "fast", "hf"]
+"""What runs a model (:func:`make_target`); checked by :func:`check_runtime`."""
+RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
+
+DType = Literal["float32", "bfloat16", "float16", "auto"]
+"""A weight dtype by name (``"auto"``: :func:`~verispec.models.runtime.default_dtype`);
+checked by :func:`check_dtype`."""
+DTYPES: tuple[DType, ...] = get_args(DType)
+_TORCH_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def check_runtime(value: object, name: str = "runtime") -> Runtime:
+    """``value`` if it is one of :data:`RUNTIMES`; else :class:`ConfigError` naming ``name``."""
+    checked: Runtime = choice(name, value, RUNTIMES)
+    return checked
+
+
+def check_dtype(value: object, name: str = "dtype") -> torch.dtype | Literal["auto"]:
+    """A dtype name of :data:`DTYPES` as its ``torch.dtype`` (``"auto"`` kept), or one of
+    float32, bfloat16, float16, float64 as given; else :class:`ConfigError` naming ``name``."""
+    if isinstance(value, torch.dtype) and value in _TORCH_DTYPES:
+        return value
+    shown = ", ".join(map(str, _TORCH_DTYPES))
+    checked = choice(name, value, DTYPES, note=f" or one of {shown}")
+    return "auto" if checked == "auto" else getattr(torch, checked)
+
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -49,8 +80,8 @@ def default_cache_dir() -> Path:
 def make_target(
     hf_model: Any,
     *,
-    runtime: str = "auto",
-    dtype: torch.dtype | str | None = None,
+    runtime: Runtime = "auto",
+    dtype: torch.dtype | DType | None = None,
     max_length: int | None = None,
     compile: bool = False,
     keep_source: bool = True,
@@ -79,8 +110,7 @@ def make_target(
         ConfigError: an unknown ``runtime``.
         UnsupportedModelError: ``runtime="fast"`` for a model it does not cover.
     """
-    if runtime not in RUNTIMES:
-        raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
+    check_runtime(runtime)
     model: FastModel | HFModel
     if runtime == "hf":
         model = HFModel(hf_model, max_length=max_length)
@@ -106,12 +136,12 @@ def make_target(
 
 
 def load_default_model(
-    dtype: torch.dtype | str = torch.float32,
+    dtype: torch.dtype | DType = torch.float32,
     device: str | torch.device = "cpu",
     cache_dir: str | os.PathLike[str] | None = None,
     *,
     max_length: int | None = None,
-    runtime: str = "auto",
+    runtime: Runtime = "auto",
     compile: bool = False,
     keep_source: bool = True,
     weights: str = "auto",
@@ -143,8 +173,7 @@ def load_default_model(
     """
     from verispec.models.loading import load_model
 
-    if runtime not in RUNTIMES:
-        raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
+    check_runtime(runtime)
     gguf = embedded_gguf()
     # The file's converted copy is cached (converted again if damaged); the source model
     # has the runtime's dtype too: it is the `hf` peers' model.

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,9 @@ from verispec.core import paths
 from verispec.core.notices import notice
 from verispec.errors import ConfigError, ModelFileError
 from verispec.models import gguf
+
+if TYPE_CHECKING:
+    from verispec.models.default import DType, Runtime
 
 __all__ = ["load_model", "model_source"]
 
@@ -93,9 +96,9 @@ def load_model(
     path: str | os.PathLike[str],
     *,
     tokenizer: str | os.PathLike[str] | None = None,
-    dtype: torch.dtype | str = torch.float32,
+    dtype: torch.dtype | DType = torch.float32,
     device: str | torch.device = "cpu",
-    runtime: str = "auto",
+    runtime: Runtime = "auto",
     max_length: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     compile: bool = False,
@@ -124,11 +127,11 @@ def load_model(
     """
     from transformers import AutoTokenizer
 
-    from verispec.models.default import RUNTIMES, make_target
+    from verispec.models.default import check_dtype, check_runtime, make_target
     from verispec.models.runtime import default_dtype
 
-    if runtime not in RUNTIMES:
-        raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
+    check_runtime(runtime)
+    dtype = check_dtype(dtype)
     if dtype == "auto":
         dtype = default_dtype(device)
     kind, source = model_source(path)

@@ -19,11 +19,14 @@ nothing about speed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from verispec.models.hf import HFModel
+
+if TYPE_CHECKING:
+    from verispec.models.default import Runtime
 
 __all__ = ["tiny_llama", "tiny_mistral", "tiny_model", "tiny_qwen2"]
 
@@ -161,7 +164,7 @@ def load_smoke_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     *,
-    runtime: str = "auto",
+    runtime: Runtime = "auto",
     compile: bool = False,
     keep_source: bool = True,
     weights: str = "auto",

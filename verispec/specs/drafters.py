@@ -2,13 +2,15 @@
 
 A drafter's parameters are its options' fields (``TokenRecyclingOptions``,
 ``DySpecOptions``...: type, check, default and help, written once in the drafter's
-module, read by :func:`~verispec.specs.grammar.option_params`); only what a spec adds is
-declared here (Token Recycling's named templates, the suffix corpus cap, the self-draft's
-layers). Draft-model methods draft with a *self-draft view* of the target (the decoder
-layers ``draft_layers`` names, default :func:`verispec.models.recommended_layers`,
-sharing its weights), or with a separate ``draft_model``. The benchmark runs these in
-verispec's engine (:mod:`verispec.bench.methods`), :func:`verispec.drafter` builds them
-from Python: a spec means the same to both.
+module, read by :func:`~verispec.specs.grammar.option_params`), so a spec and the class
+accept the same values (``tr:template=80`` and ``TokenRecycling("80")``). Only what
+configures something other than the drafter is declared here (the suffix corpus cap,
+the self-draft's layers). Draft-model methods draft with a *self-draft view* of the
+target (the decoder layers ``draft_layers`` names, default
+:func:`verispec.models.recommended_layers`, sharing its weights), or with a separate
+``draft_model``. The benchmark runs these in verispec's engine
+(:mod:`verispec.bench.methods`), :func:`verispec.drafter` builds them from Python: a
+spec means the same to both.
 """
 
 from __future__ import annotations
@@ -160,14 +162,6 @@ _OWN = {  # the parameters a spec adds to the drafters' own
         DEFAULT_CORPUS_TOKENS,
         "cap on the suffix corpus (oldest answers evicted)",
         1,
-    ),
-    "template": Param(
-        "template",
-        str,
-        "auto",
-        "tree template: auto (the 80-node tree cut to what pays on this device), 2.2.2 "
-        "(= 80, the published tree: the GPU setting), 8, 16, 32",
-        choices=("auto", "2.2.2", "80", "8", "16", "32"),
     ),
 }
 _DRAFT_NOTE = "draft: a self-draft running `draft_layers` of the target's layers, or --draft-model"

@@ -270,8 +270,11 @@ def option_params(options: type, names: Sequence[str]) -> tuple[Param, ...]:
                 )
             )
         else:
-            kinds = {"int": int, "float": float, "bool": bool}
-            params.append(Param(name, kinds[kind], field.default, help, option=field))
+            kinds = {"int": int, "float": float, "bool": bool, "str": str}
+            choices = field.metadata.get("choices")
+            params.append(
+                Param(name, kinds[kind], field.default, help, choices=choices, option=field)
+            )
     return tuple(params)
 
 

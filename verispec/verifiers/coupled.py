@@ -49,7 +49,7 @@ import torch
 
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import Deterministic, DraftTree
-from verispec.core.types import Verdict, Verifier
+from verispec.core.types import Verdict, Verifier, check_seed
 from verispec.core.validate import integer
 from verispec.errors import ConfigError
 from verispec.verifiers._rules import check_target_logits, follow_target
@@ -57,7 +57,7 @@ from verispec.verifiers.recursive import RecursiveRejection
 
 __all__ = ["BLOCK", "Coupled", "position_noise", "seeded_sample"]
 
-_KEY_LIMIT = 1 << 64  # seeds, positions and streams are 64-bit Philox words
+_KEY_LIMIT = 1 << 64  # positions and streams are 64-bit Philox words, as seeds are
 
 
 BLOCK = 256  # tokens per block of the two-level race
@@ -83,7 +83,7 @@ def position_noise(seed: int, position: int, stream: int, count: int) -> torch.T
     Returns:
         float64, Shape: (count,), on the CPU.
     """
-    seed = integer("seed", seed, 0, below=_KEY_LIMIT, integral=True)
+    seed = check_seed("seed", seed)
     position = integer("position", position, 0, below=_KEY_LIMIT, integral=True)
     stream = integer("stream", stream, 0, below=_KEY_LIMIT, integral=True)
     integer("count", count, 1)

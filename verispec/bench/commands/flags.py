@@ -19,7 +19,7 @@ from typing import Any, Literal
 import attrs
 
 from verispec.core.sampling import SamplingParams
-from verispec.core.types import GenerationConfig
+from verispec.core.types import SEED_LIMIT, GenerationConfig, check_seed
 from verispec.core.validate import bounds, in_bounds, integer, interval, number
 from verispec.errors import ConfigError
 
@@ -105,9 +105,9 @@ FLAGS: dict[str, Flag] = {
     ),
     "seed": Flag(
         "S",
-        "seed of every random draw, in [0, 2**64) (default {default}); with the default "
-        "verifier, methods whose drafts are fixed candidates (ar, pld, tr, dtr) give "
-        "the same text for the same seed",
+        f"seed of every random draw, {bounds(0, below=SEED_LIMIT)} (default {{default}}); "
+        "with the default verifier, methods whose drafts are fixed candidates (ar, pld, tr, "
+        "dtr) give the same text for the same seed",
     ),
     "repetition_penalty": Flag(
         "X",
@@ -151,6 +151,8 @@ def _arg_type(check: Check) -> Callable[[str], Any]:
     function, args, kwargs = check
     if function is integer:
         return int_arg(args[0], below=kwargs.get("below"), high=kwargs.get("high"))
+    if function is check_seed:
+        return int_arg(0, below=SEED_LIMIT)
     if function is interval:
         return number_arg(args[0], args[1], kwargs.get("closed", "neither"))
     if function is number:

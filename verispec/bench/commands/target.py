@@ -19,6 +19,8 @@ from typing import Any
 from verispec.bench.commands.flags import int_arg
 from verispec.bench.runner import BenchContext
 from verispec.errors import ConfigError
+from verispec.kernels.backend import KERNEL_CHOICES
+from verispec.models.default import DTYPES, RUNTIMES
 from verispec.models.runtime import WEIGHTS
 
 __all__ = [
@@ -32,7 +34,6 @@ __all__ = [
     "load",
 ]
 
-_DTYPES = ("float32", "bfloat16", "float16", "auto")
 BUILTIN_MODELS = ("smollm2", "tiny")
 # at most one torch thread per CPU core of this machine: more only make the threads wait
 _threads = int_arg(1, high=os.cpu_count() or 1)
@@ -64,14 +65,14 @@ def add_model_options(parser: argparse.ArgumentParser, threads: int | None = Non
     )
     group.add_argument(
         "--dtype",
-        choices=_DTYPES,
+        choices=DTYPES,
         default="float32",
         help="weight dtype (default float32); auto: bfloat16 where the CPU multiplies it "
         "natively (AVX-512 BF16, AMX) or on CUDA, float32 elsewhere",
     )
     group.add_argument(
         "--runtime",
-        choices=("auto", "fast", "hf"),
+        choices=RUNTIMES,
         default="auto",
         help="what runs the target: fast = verispec's own Llama-family forward (prepacked "
         "weights, static KV cache); hf = the Hugging Face adapter (the reference); auto "
@@ -113,7 +114,7 @@ def add_model_options(parser: argparse.ArgumentParser, threads: int | None = Non
 def add_kernel_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kernels",
-        choices=("auto", "triton", "torch"),
+        choices=KERNEL_CHOICES,
         default="auto",
         help="implementation of tree attention, verification, Token Recycling's updates and "
         "KV compaction: auto = the Triton kernels on CUDA, PyTorch elsewhere (default); "
