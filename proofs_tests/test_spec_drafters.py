@@ -168,15 +168,13 @@ def test_a_spec_builds_what_its_class_builds(spec: str, models: Any) -> None:
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_the_spec_sets_every_option_of_the_class(name: str, models: Any) -> None:
     """Each parameter of the class's options is a parameter of its spec, with the same
-    default, except the calibration's prior strength (not in the recorded spec table)."""
+    default."""
     target, draft = models
     separate = draft if DRAFTERS[name].uses_draft_model else None
     made = verispec.drafter(name, target=target, draft_model=separate)
     params = {p.name: p for p in METHODS[name].params}
     for field in attrs.fields(type(made.options)):
         key = field.metadata.get("spec") or field.name
-        if key == "prior_strength":
-            continue
         assert key in params, f"{name}: option `{key}` cannot be set by a spec"
         assert params[key].default == field.default, f"{name}:{key}"
 

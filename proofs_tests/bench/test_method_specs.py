@@ -13,7 +13,9 @@ draft model) accepted it or which named error refused it. Regenerate only on pur
 the defaults of ``dtr``'s ``budget``, ``pld``'s ``max`` and ``tr``'s ``template`` became
 ``auto`` (sized by the device), so the entries that used those defaults were updated, and
 ``pld:max=auto`` and ``tr:template=auto``, refused before, are accepted; no other entry
-changed.
+changed. Changed on purpose again (issue 24): ``dtr`` and ``suffix`` take ``prior_strength``
+(their classes did), so their accepted entries carry its default and its probes were added;
+every earlier entry kept its meaning and stays recorded.
 """
 
 from __future__ import annotations
