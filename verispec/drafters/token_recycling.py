@@ -46,10 +46,12 @@ Choices where the paper leaves room (each marked "not in the paper" in the code)
 
 Kernels. The expansion and the update each have a Triton kernel
 (:func:`verispec.kernels.ops.expand_template`, :func:`~verispec.kernels.ops.update_adjacency`);
-``kernels`` picks (:mod:`verispec.kernels.backend`). With the kernels (by default when
-the target's logits are on CUDA) ``M`` lives on the logits' device, is updated there
-without a host sync, and the expanded tokens come to the host once per step to build the
-tree; otherwise ``M`` lives on the CPU and the kernels' PyTorch twins run
+the drafter calls them with its ``kernels`` and they pick the backend
+(:mod:`verispec.kernels.backend`). With the kernels (by default when the target's
+logits are on CUDA) ``M`` lives on the logits' device
+(:func:`~verispec.kernels.ops.state_device`), is updated there without a host sync,
+and the expanded tokens come to the host once per step to build the tree; otherwise
+``M`` lives on the CPU and the kernels' PyTorch twins run
 (:func:`verispec.kernels.reference.expand_template`,
 :func:`~verispec.kernels.reference.update_adjacency`): each rule is written once.
 
@@ -71,8 +73,8 @@ from verispec.drafters.candidates import tried_and_hit
 from verispec.drafters.gate import DeviceSized
 from verispec.drafters.templates import TEMPLATES, TemplateSpec, resolve_template
 from verispec.errors import ConfigError, IncompatibleModelsError
-from verispec.kernels import ops, reference
-from verispec.kernels.backend import Kernels, backend_for, require_triton
+from verispec.kernels import ops
+from verispec.kernels.backend import Kernels, require_triton
 
 __all__ = [
     "TEMPLATE_NAMES",
@@ -323,13 +325,10 @@ class TokenRecycling(DeviceSized):
         if adj is None or root >= adj.shape[0]:
             return None
         t = self.template
-        if backend_for("Token Recycling expansion", adj.device, self.kernels) == "triton":
-            rows = ops.expand_template(
-                adj, root, t.parents, t.slots, t.level_starts, kernels="triton"
-            ).cpu()  # (N + 1,) the tree's tokens to the host: a sync
-        else:
-            rows = reference.expand_template(adj, root, t.parents, t.slots, t.level_starts)
-        return rows[1:]
+        rows = ops.expand_template(
+            adj, root, t.parents, t.slots, t.level_starts, kernels=self.kernels
+        )
+        return rows[1:].cpu()  # (N,) the tree's tokens on the host (a sync from a GPU)
 
     def _template_tree(self, root: int) -> DraftTree:
         """The whole template (the published algorithm), unknown slots pruned or read as 0."""
@@ -431,18 +430,12 @@ class TokenRecycling(DeviceSized):
         k = min(self.k, vocab)
         root = outcome.state.tokens[-outcome.verdict.num_committed - 1]
         scored = torch.cat([torch.tensor([root]), outcome.tree.tokens])  # (N + 1,)
-        device = logits.device
-        if backend_for("Token Recycling update", device, self.kernels) == "triton":
-            if adj.device != device:  # the matrix follows the logits (once)
-                adj = self._adjacency = adj.to(device)
-            top = row_topk(logits, k)[1]  # (N + 1, K) on the device, no sync
-            rows = scored.to(device, non_blocking=True)
-            ops.update_adjacency(adj[:, :k], rows, top, kernels="triton")
-            return
-        if adj.device.type != "cpu":
-            adj = self._adjacency = adj.cpu()
-        top = row_topk(logits, k)[1].to("cpu", torch.int32)  # (N + 1, K)
-        reference.update_adjacency(adj[:, :k], scored, top)
+        # the matrix lives where the update runs: the logits' GPU with the kernels, else the CPU
+        device = ops.state_device("Token Recycling update", logits.device, self.kernels)
+        if adj.device != device:
+            adj = self._adjacency = adj.to(device)
+        top = row_topk(logits, k)[1]  # (N + 1, K) on the logits' device, no sync
+        ops.update_adjacency(adj[:, :k], scored, top, kernels=self.kernels)
 
     def reset_vocabulary(self, vocab_size: int) -> None:
         """Reallocate the matrix for a target with another vocabulary (forgets everything)."""

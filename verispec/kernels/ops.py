@@ -17,7 +17,7 @@ K candidates per token.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -46,8 +46,10 @@ __all__ = [
     "greedy_verify_packed",
     "launch_tree_attention",
     "law_tensors",
+    "rejection_verdicts",
     "rejection_verify",
     "rejection_verify_packed",
+    "state_device",
     "tree_attention",
     "tree_csr",
     "unpack_verdict",
@@ -140,9 +142,12 @@ def greedy_verify(
         kernels: ``"auto"``, ``"triton"`` or ``"torch"`` (:mod:`verispec.kernels.backend`).
     """
     _check_rows(tree, target_logits, "target_logits")
+    if backend_for("greedy verification", target_logits.device, kernels) == "torch":
+        accepted, extra = reference.tree_greedy_walk(tree, target_logits)
+        return Verdict(tuple(accepted), extra)
     tokens, child_ptr, child_idx = tree_csr(tree, target_logits.device)
     packed = greedy_verify_packed(
-        target_logits, tokens, child_ptr, child_idx, _max_children(tree), kernels=kernels
+        target_logits, tokens, child_ptr, child_idx, _max_children(tree), kernels="triton"
     )
     return unpack_verdict(packed)
 
@@ -226,31 +231,92 @@ def rejection_verify_packed(
 
 
 def rejection_verify(
-    tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor, *, kernels: str = "auto"
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    uniforms: torch.Tensor,
+    *,
+    probs: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    kernels: str = "auto",
 ) -> Verdict:
     """Recursive rejection sampling over ``tree`` with given draws (one host sync).
 
     Args:
-        target_probs: float, Shape: (N + 1, V). Processed target distribution of each row.
+        target_probs: float, Shape: (N + 1, V). Processed target distribution of each
+            row; with ``probs``, the raw rows (logits) that ``probs`` processes.
         uniforms: float64, Shape: (N + 1,). Coin of node i at i; the extra token's at N.
+        probs: maps rows of ``target_probs`` (Shape: (..., V)) to distributions, row by
+            row (``SamplingParams.probs``): the PyTorch path applies it to the rows the
+            walk visits, the kernel to every row at once.
         kernels: ``"auto"``, ``"triton"`` or ``"torch"`` (:mod:`verispec.kernels.backend`).
     """
-    _check_rows(tree, target_probs, "target_probs")
     if uniforms.shape != (tree.num_nodes + 1,):
         raise _fail(
             f"`uniforms` must have shape ({tree.num_nodes + 1},); got {tuple(uniforms.shape)}."
         )
+    (verdict,) = rejection_verdicts(
+        tree, target_probs, uniforms.reshape(1, -1), probs=probs, kernels=kernels
+    )
+    return verdict
+
+
+def rejection_verdicts(
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    uniforms: torch.Tensor,
+    *,
+    probs: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    kernels: str = "auto",
+) -> list[Verdict]:
+    """:func:`rejection_verify` for each row of ``uniforms`` (Shape: (S, N + 1)).
+
+    The one switch of recursive rejection: Triton for CUDA tensors (one launch per
+    coin set, the metadata built once), else the twin's walk
+    (:func:`verispec.kernels.reference.tree_rejection_walk`), which shares each visited
+    row's residuals among the coin sets. Either way set ``s`` gets
+    :func:`rejection_verify`'s verdict with coins ``uniforms[s]``.
+
+    Raises:
+        TreeStructureError: shapes that do not match the tree, a row with children and
+            no law; on the PyTorch path also a child its draft could not have drawn.
+    """
+    _check_rows(tree, target_probs, "target_probs")
+    if uniforms.dim() != 2 or uniforms.shape[1] != tree.num_nodes + 1:
+        raise _fail(
+            f"`uniforms` must have shape (S, {tree.num_nodes + 1}); got {tuple(uniforms.shape)}."
+        )
     device = target_probs.device
-    codes, rows, drafts = law_tensors(tree, target_probs.shape[1], device)
+    if backend_for("rejection verification", device, kernels) == "torch":
+
+        def target_row(row: int) -> torch.Tensor:
+            return target_probs[row] if probs is None else probs(target_probs[row])
+
+        walks = reference.tree_rejection_walk(tree, target_row, uniforms.to("cpu", torch.float64))
+        return [Verdict(tuple(path), extra) for path, extra in walks]
+    rows = target_probs if probs is None else probs(target_probs)
+    rows = rows.to(torch.float64)  # exact for float32 rows: the twin quantises the same values
+    codes, draft_row, drafts = law_tensors(tree, rows.shape[1], device)
     tokens, child_ptr, child_idx = tree_csr(tree, device)
-    packed = rejection_verify_packed(
-        target_probs, drafts, rows, codes, tokens, child_ptr, child_idx, _to(uniforms, device),
-        kernels=kernels,
-    )  # fmt: skip
-    return unpack_verdict(packed)
+    coins = _to(uniforms.to(torch.float64), device)
+    csr = (tokens, child_ptr, child_idx)
+    packed = [
+        rejection_verify_packed(rows, drafts, draft_row, codes, *csr, u, kernels="triton")
+        for u in coins
+    ]
+    return [unpack_verdict(p) for p in packed]
 
 
 # -- Token Recycling --------------------------------------------------------------------
+
+
+def state_device(rule: str, device: torch.device | str, kernels: str = "auto") -> torch.device:
+    """Where an owner keeps the state that ``rule`` updates from tensors on ``device``:
+    ``device`` when the rule's Triton kernel runs there, else the CPU (the PyTorch twin).
+
+    Token Recycling's adjacency matrix asks this before each update, so it follows the
+    logits onto a GPU when the kernels run and stays on the host otherwise.
+    """
+    device = torch.device(device)
+    return device if backend_for(rule, device, kernels) == "triton" else torch.device("cpu")
 
 
 def expand_template(

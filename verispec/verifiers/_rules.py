@@ -28,6 +28,14 @@ the past, those are a valid proposal of the same law, so the restarted rule is
 exact too and the output stays distributed as ``q``. With no child left, the
 extra token is drawn from ``q`` itself.
 
+*Arithmetic.* The rule is written once, in PyTorch, as the Triton kernel's twin
+(:class:`verispec.kernels.reference.RejectionRow`): probabilities are int64 multiples
+of 2**-52, so the kernel and the PyTorch walk agree draw for draw, on any device.
+:class:`RowRejection` is that class built from a proposal law; ``RecursiveRejection``
+runs it through :func:`verispec.kernels.ops.rejection_verdicts`, and the exact laws
+below (:func:`row_output_law`, :func:`verdict_distribution`) read its acceptance
+probabilities and residuals, so the audits check the arithmetic the verifier runs.
+
 Two helpers shared by every verifier sit here too: :func:`check_target_logits`
 (the shape and vocabulary checks) and :func:`follow_target`, the walk of the rules
 that compare candidates with one target token per row (``Greedy``'s argmax, the
@@ -38,7 +46,6 @@ Shape glossary (docs/glossary): N tree nodes, V vocabulary, K children of a row.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -52,7 +59,8 @@ from verispec.core.tree import (
     follow_path,
 )
 from verispec.core.types import Verdict
-from verispec.errors import NonFiniteLogitsError, TreeStructureError
+from verispec.errors import TreeStructureError
+from verispec.kernels.reference import RejectionRow, law_code
 
 __all__ = [
     "RowRejection",
@@ -114,18 +122,15 @@ def follow_target(tree: DraftTree, target_token: Callable[[int, int], int]) -> V
     return Verdict(tuple(accepted), extra)
 
 
-class RowRejection:
-    """The rejection walk over the children of one row.
+class RowRejection(RejectionRow):
+    """The rejection walk over the children of one row: the kernels' rule, from a law.
 
-    Use: while children remain, read :meth:`acceptance_probability` of the current
-    child and either stop (accepted) or call :meth:`reject`; after the last
-    rejection draw the extra token from :meth:`residual_weights`. All arithmetic
-    runs in ``target_probs``' dtype (float32 or float64).
-
-    Cost: Deterministic rows keep the residual as the target with a set of zeroed
-    tokens and its mass as a host scalar, so no full-vocabulary work happens until
-    the final residual. IID and WithoutReplacement rows do one fused
-    subtract-and-clamp and two sums over V per rejection, with one host sync each.
+    :class:`verispec.kernels.reference.RejectionRow` (the Triton kernel's PyTorch twin,
+    in its 2**-52 fixed point, which the verifiers run) built from a
+    :class:`~verispec.core.tree.ProposalLaw`. Use: while children remain, read
+    :meth:`acceptance_probability` of the current child and either stop (accepted) or
+    call :meth:`reject`; after the last rejection the extra token is drawn from
+    :meth:`residual`, here in ``target_probs``' dtype.
 
     Args:
         target_probs: float, Shape: (V,). The row's processed target distribution ``q``.
@@ -133,169 +138,30 @@ class RowRejection:
         child_tokens: the children's tokens in drawn order, Shape: (K,).
 
     Raises:
-        TreeStructureError: draft shape mismatch, negative draft mass, or a child the
-            draft distribution could not have drawn (probability zero, or a repeated
-            token under ``WithoutReplacement``).
+        TreeStructureError: no law, a draft shape mismatch, negative draft mass, or a
+            child the draft distribution could not have drawn (probability zero, or a
+            repeated token under ``WithoutReplacement``).
         NonFiniteLogitsError: the draft distribution is not finite.
     """
+
+    __slots__ = ("_dtype",)
 
     def __init__(
         self, target_probs: torch.Tensor, law: ProposalLaw, child_tokens: Sequence[int]
     ) -> None:
-        self._target = target_probs
-        self._tokens = [int(t) for t in child_tokens]
-        self._index = 0
-        self.restarts = 0  # times the residual ran out of mass (see the module docstring)
-        vocab_size = target_probs.shape[-1]
-        if isinstance(law, Deterministic):
-            self._deterministic = True
-            index = torch.tensor(self._tokens, dtype=torch.long, device=target_probs.device)
-            gathered = target_probs[index]  # (K,)
-            values = torch.cat([target_probs.sum().reshape(1), gathered]).tolist()  # sync
-            self._total = values[0]
-            self._target_at_child = values[1:]
-            self._mass = self._total
-            self._zeroed: set[int] = set()
-            return
-        if not isinstance(law, IID | WithoutReplacement):
+        if not isinstance(law, Deterministic | IID | WithoutReplacement):
             raise TreeStructureError(
                 "a row with children needs a proposal law (Deterministic, IID or "
                 f"WithoutReplacement); got {type(law).__name__}."
             )
-        check_draft_shape(law, vocab_size, -1)
-        self._deterministic = False
-        self._without_replacement = isinstance(law, WithoutReplacement)
-        draft = law.draft_probs.to(device=target_probs.device, dtype=target_probs.dtype)
-        index = torch.tensor(self._tokens, dtype=torch.long, device=target_probs.device)
-        values = torch.cat(
-            [
-                torch.stack([draft.sum(), draft.amin(), target_probs.sum()]),
-                draft[index],
-                target_probs[index],
-            ]
-        ).tolist()  # the row's one sync before the first coin
-        draft_mass, draft_min, target_mass = values[:3]
-        k = len(self._tokens)
-        self._draft_at_child = values[3 : 3 + k]
-        self._residual_at_current = values[3 + k] if k else 0.0
-        if not (math.isfinite(draft_mass) and math.isfinite(draft_min)):
-            raise NonFiniteLogitsError("`draft_probs` contain NaN or infinity.")
-        if draft_min < 0 or draft_mass <= 0:
-            raise TreeStructureError(
-                f"`draft_probs` must be non-negative with positive mass; got minimum "
-                f"{draft_min} and mass {draft_mass}."
-            )
-        self._check_draws()
-        self._draft = draft  # copied before the first exclusion (WoR), never written before
-        self._draft_is_copy = False
-        self._draft_mass = draft_mass
-        self._residual = target_probs
-        self._residual_mass = target_mass
-        self._target_mass = target_mass
-
-    def _check_draws(self) -> None:
-        seen: set[int] = set()
-        for i, (token, prob) in enumerate(zip(self._tokens, self._draft_at_child, strict=True)):
-            repeated = self._without_replacement and token in seen
-            if prob <= 0 or repeated:
-                law = "WithoutReplacement" if self._without_replacement else "IID"
-                why = "it repeats an earlier sibling" if repeated else "it has draft probability 0"
-                raise TreeStructureError(
-                    f"child {i} (token {token}) cannot have been drawn from this {law} "
-                    f"draft distribution: {why}. The drafter's `draft_probs` must be the "
-                    "distribution its children were drawn from."
-                )
-            seen.add(token)
-
-    @property
-    def index(self) -> int:
-        """Position (in drawn order) of the child being tried."""
-        return self._index
-
-    @property
-    def num_children(self) -> int:
-        return len(self._tokens)
-
-    def acceptance_probability(self) -> float:
-        """``a_i`` of the current child, given every earlier child was rejected."""
-        i = self._index
-        if self._deterministic:
-            if self._tokens[i] in self._zeroed:
-                return 0.0
-            return min(1.0, self._target_at_child[i] / self._mass)
-        # min(1, r_i(c_i) / p_i(c_i)) with r_i = residual / mass, p_i = draft / draft mass
-        ratio = (self._residual_at_current * self._draft_mass) / (
-            self._residual_mass * self._draft_at_child[i]
-        )
-        return min(1.0, ratio)
-
-    def reject(self) -> None:
-        """Move past the current child: update the residual (and the draft, for WoR)."""
-        i = self._index
-        token = self._tokens[i]
-        self._index += 1
-        if self._deterministic:
-            if token not in self._zeroed:
-                self._zeroed.add(token)
-                self._mass -= self._target_at_child[i]
-            if self._mass <= 0:  # every bit of target mass was on rejected children
-                self._restart()
-            return
-        # r_{i+1} ∝ max(r_i - p_i, 0) = max(R - (Z / W) P, 0) / Z, with R, P unnormalised
-        residual = self._residual.sub(self._draft, alpha=self._residual_mass / self._draft_mass)
-        residual.clamp_(min=0.0)
-        if self._without_replacement:
-            if not self._draft_is_copy:
-                self._draft = self._draft.clone()
-                self._draft_is_copy = True
-            self._draft[token] = 0.0  # p_{i+1}: c_i can no longer be drawn
-        stats = [residual.sum()]
-        if self._without_replacement:
-            stats.append(self._draft.sum())
-        if self._index < len(self._tokens):
-            stats.append(residual[self._tokens[self._index]])
-        values = torch.stack(stats).tolist()  # one sync per rejection
-        self._residual = residual
-        self._residual_mass = values[0]
-        if self._without_replacement:
-            self._draft_mass = values[1]
-        if self._index < len(self._tokens):
-            self._residual_at_current = values[-1]
-        if self._residual_mass <= 0:
-            self._restart()
-
-    def _restart(self) -> None:
-        """The residual has no mass left: start again from the target (module docstring)."""
-        self.restarts += 1
-        if self._deterministic:
-            self._zeroed = set()
-            self._mass = self._total
-            return
-        self._residual = self._target
-        self._residual_mass = self._target_mass
-        if self._index < len(self._tokens):
-            self._residual_at_current = float(self._target[self._tokens[self._index]])
-
-    def residual_weights(self) -> torch.Tensor:
-        """Unnormalised weights of the residual after the rejections so far, Shape: (V,).
-
-        Always has positive mass (a residual without mass restarts from the target).
-        """
-        if not self._deterministic:
-            return self._residual
-        if not self._zeroed:
-            return self._target
-        zeroed = torch.tensor(sorted(self._zeroed), dtype=torch.long, device=self._target.device)
-        weights = self._target.index_fill(0, zeroed, 0.0)
-        if not bool(weights.sum() > 0):  # tokens' rounding left mass, but the rest is 0
-            self.restarts += 1
-            return self._target
-        return weights
+        check_draft_shape(law, target_probs.shape[-1], -1)
+        draft = law.draft_probs if isinstance(law, IID | WithoutReplacement) else None
+        self._dtype = target_probs.dtype
+        super().__init__(target_probs, law_code(law), draft, child_tokens)
 
     def residual(self) -> torch.Tensor:
-        """The normalised residual, Shape: (V,)."""
-        weights = self.residual_weights()
-        return weights / weights.sum()
+        """The normalised residual in ``target_probs``' dtype, Shape: (V,)."""
+        return super().residual().to(self._dtype)
 
 
 def row_acceptance(

@@ -5,9 +5,11 @@ the target's argmax is accepted; the walk stops at the first row with no such
 child, and that row's argmax is the extra (bonus) token. The output is exactly
 the target's greedy continuation, whatever the proposal law of the children.
 
-``kernels`` picks the implementation (:mod:`verispec.kernels.backend`): on CUDA by
-default the Triton kernels (:func:`verispec.kernels.ops.greedy_verify`: a row argmax
-and a walk on the device, one host sync), elsewhere the walk below.
+Implementation: :func:`verispec.kernels.ops.greedy_verify`, which picks the backend
+(:mod:`verispec.kernels.backend`): on CUDA by default the Triton kernels (a row argmax
+and a walk on the device, one host sync), elsewhere their PyTorch twin
+(:func:`verispec.kernels.reference.tree_greedy_walk`, which on the CPU takes the argmax
+only of the rows the walk visits).
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from verispec.core.tree import DraftTree
 from verispec.core.types import Verdict
 from verispec.errors import TreeStructureError
 from verispec.kernels import ops
-from verispec.kernels.backend import backend_for, require_triton
-from verispec.verifiers._rules import follow_target
+from verispec.kernels.backend import require_triton
 
 __all__ = ["Greedy"]
 
@@ -61,17 +62,4 @@ class Greedy:
                 f"`target_logits` must have shape (N + 1, V) = ({tree.num_nodes + 1}, V); "
                 f"got {tuple(target_logits.shape)}."
             )
-        if backend_for("greedy verification", target_logits.device, self.kernels) == "triton":
-            return ops.greedy_verify(tree, target_logits, kernels="triton")
-        if target_logits.device.type == "cpu":
-            # on the CPU a host read is free: take the argmax only of the rows the walk visits
-            # (about MAT rows instead of N + 1 full-vocabulary scans)
-            def best_of(row: int) -> int:
-                return int(target_logits[row].argmax())
-        else:
-            best = target_logits.argmax(-1).tolist()  # (N + 1,) the step's one host sync
-
-            def best_of(row: int) -> int:
-                return best[row]
-
-        return follow_target(tree, lambda row, depth: best_of(row))
+        return ops.greedy_verify(tree, target_logits, kernels=self.kernels)

@@ -19,14 +19,13 @@ distributed exactly as the target would generate those tokens (docs/exactness.rs
 
 Randomness: one uniform coin per node, drawn in one call from the given
 ``torch.Generator`` (coin ``i`` belongs to node ``i``), plus one uniform for the
-extra token's inverse-CDF sample. Only the rows on the accepted path are processed.
+extra token's inverse-CDF sample.
 
-``kernels`` picks the implementation of :meth:`RecursiveRejection.verify`
-(:mod:`verispec.kernels.backend`): on CUDA by default the Triton kernel
-(:func:`verispec.kernels.ops.rejection_verify`), which walks the tree on the device
-with the same coins in float64 fixed point (its decisions are those of
-``residual_dtype=torch.float64`` unless a coin lands within about 1e-15 of a
-threshold); elsewhere the walk below.
+Implementation: :func:`verispec.kernels.ops.rejection_verdicts`, which picks the
+backend (:mod:`verispec.kernels.backend`): the Triton kernel for CUDA tensors by
+default, else its PyTorch twin (:class:`verispec.kernels.reference.RejectionRow`),
+which processes only the rows on the accepted path. Both run one rule in 2**-52
+fixed point, so for the same coins they return the same verdict.
 
 Shape glossary (docs/glossary): N tree nodes, V vocabulary.
 """
@@ -39,10 +38,10 @@ from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
 from verispec.core.types import Verdict
 from verispec.core.validate import integer
-from verispec.errors import ConfigError, TreeStructureError
+from verispec.errors import ConfigError
 from verispec.kernels import ops
-from verispec.kernels.backend import backend_for, require_triton
-from verispec.verifiers._rules import RowRejection, check_target_logits, sample_indices
+from verispec.kernels.backend import require_triton
+from verispec.verifiers._rules import check_target_logits
 
 __all__ = ["RecursiveRejection"]
 
@@ -51,9 +50,9 @@ class RecursiveRejection:
     """The lossless tree verifier for the Deterministic, IID and WithoutReplacement laws.
 
     Args:
-        residual_dtype: precision of the processed target distributions and of the
-            residuals on the PyTorch path, ``torch.float32`` (default) or ``torch.float64``
-            (the Triton kernel always works in float64 fixed point).
+        residual_dtype: precision in which the target rows are processed (softmax,
+            top-k, top-p), ``torch.float32`` (default) or ``torch.float64``; the rule
+            itself runs in 2**-52 fixed point on every backend.
         kernels: ``"auto"`` (Triton on CUDA, PyTorch elsewhere), ``"triton"`` or ``"torch"``.
 
     At temperature 0 the processed distributions are point masses and the verdict
@@ -101,16 +100,7 @@ class RecursiveRejection:
                 or a visited draft distribution is not finite (the Triton path checks
                 every target row and no draft distribution).
         """
-        if backend_for("rejection verification", target_logits.device, self.kernels) == "torch":
-            return self.sample_verdicts(tree, target_logits, sampling, generator, 1)[0]
-        check_target_logits(tree, target_logits)
-        target_probs = sampling.probs(target_logits, torch.float64)  # (N + 1, V)
-        # the coins of sample_verdicts(..., 1): one row of N + 1 uniforms from the generator
-        coins = torch.rand(
-            1, tree.num_nodes + 1, generator=generator, dtype=torch.float64,
-            device=generator.device,
-        )[0]  # fmt: skip
-        return ops.rejection_verify(tree, target_probs, coins, kernels="triton")
+        return self.sample_verdicts(tree, target_logits, sampling, generator, 1)[0]
 
     def sample_verdicts(
         self,
@@ -122,110 +112,24 @@ class RecursiveRejection:
     ) -> list[Verdict]:
         """``num_samples`` independent verdicts for one tree; ``verify`` is the case of one.
 
-        Everything that does not depend on the coins (each visited row's target
-        distribution, acceptance probabilities and residual) is computed once, when
-        the first sample needs it, and shared; each sample then costs a few Python
-        comparisons. Used by the sampled audits and to estimate a tree's acceptance.
-        On a CPU generator it consumes the random stream exactly as ``num_samples``
-        successive :meth:`verify` calls do, and returns the same verdicts. Arguments
-        and errors as :meth:`verify`; ``num_samples`` must be an integer >= 1.
+        On the PyTorch path everything that does not depend on the coins (each visited
+        row's target distribution and residuals) is computed once, when the first
+        sample needs it, and shared; each sample then costs a few Python comparisons.
+        Used by the sampled audits and to estimate a tree's acceptance. On a CPU
+        generator it consumes the random stream exactly as ``num_samples`` successive
+        :meth:`verify` calls do, and returns the same verdicts. Arguments and errors as
+        :meth:`verify`; ``num_samples`` must be an integer >= 1.
         """
         integer("num_samples", num_samples, 1)
-        n = tree.num_nodes
         check_target_logits(tree, target_logits)
-        # coins[s][i] for node i of sample s; coins[s][n] for its extra token
+        # coins[s][i] for node i of sample s; coins[s][N] for its extra token
         coins = torch.rand(
-            num_samples, n + 1, generator=generator, dtype=torch.float64, device=generator.device
-        )
-        coin_rows = coins.tolist()
-        tokens = tree.tokens.tolist()
-        children = tree.children
-        plans: dict[int, _RowPlan] = {}
-        paths: list[tuple[int, ...]] = []
-        ends: dict[tuple[int, bool], list[int]] = {}  # (row, is_leaf) -> samples ending there
-        for sample, coin in enumerate(coin_rows):
-            accepted: list[int] = []
-            row = 0
-            while True:
-                plan = plans.get(row)
-                if plan is None:
-                    plan = plans[row] = self._plan(tree, target_logits, sampling, row, tokens)
-                kids = children[row]
-                if plan.walk is None:  # a leaf (or the bare root): the bonus token
-                    ends.setdefault((row, True), []).append(sample)
-                    break
-                for j, node in enumerate(kids):
-                    if coin[node] < plan.acceptance(j):
-                        accepted.append(node)
-                        row = node + 1
-                        break
-                else:  # every child rejected: the correction token
-                    ends.setdefault((row, False), []).append(sample)
-                    break
-            paths.append(tuple(accepted))
-        extra = [0] * num_samples
-        for (row, is_leaf), samples in ends.items():
-            weights = plans[row].bonus_weights() if is_leaf else plans[row].residual_weights()
-            drawn = sample_indices(weights, coins[samples, n]).tolist()
-            for sample, token in zip(samples, drawn, strict=True):
-                extra[sample] = token
-        return [Verdict(path, token) for path, token in zip(paths, extra, strict=True)]
+            num_samples, tree.num_nodes + 1, generator=generator, dtype=torch.float64,
+            device=generator.device,
+        )  # fmt: skip
+        dtype = self.residual_dtype
 
-    def _plan(
-        self,
-        tree: DraftTree,
-        target_logits: torch.Tensor,
-        sampling: SamplingParams,
-        row: int,
-        tokens: list[int],
-    ) -> _RowPlan:
-        target_probs = sampling.probs(target_logits[row], self.residual_dtype)  # (V,)
-        kids = tree.children[row]
-        if not kids:
-            return _RowPlan(target_probs, None)
-        law = tree.laws[row]
-        if law is None:
-            raise TreeStructureError(
-                f"row {row} has children but no proposal law; build the tree with "
-                "DraftTree.from_parents(..., laws=...) or give `laws[row]`."
-            )
-        return _RowPlan(target_probs, RowRejection(target_probs, law, [tokens[c] for c in kids]))
+        def probs(logits: torch.Tensor) -> torch.Tensor:
+            return sampling.probs(logits, dtype)
 
-
-class _RowPlan:
-    """One visited row: its target distribution and its rejection walk, advanced lazily.
-
-    ``acceptance(j)`` is ``a_j`` given children ``0 .. j-1`` were rejected, computed
-    the first time a sample asks for it; the walk is never advanced further than the
-    samples so far needed.
-    """
-
-    __slots__ = ("_accept", "_residual", "target_probs", "walk")
-
-    def __init__(self, target_probs: torch.Tensor, walk: RowRejection | None) -> None:
-        self.target_probs = target_probs
-        self.walk = walk
-        self._accept: list[float] = []
-        self._residual: torch.Tensor | None = None
-
-    def acceptance(self, j: int) -> float:
-        accept = self._accept
-        walk = self.walk
-        assert walk is not None
-        while len(accept) <= j:
-            if accept:
-                walk.reject()
-            accept.append(walk.acceptance_probability())
-        return accept[j]
-
-    def residual_weights(self) -> torch.Tensor:
-        """The residual after every child was rejected (unnormalised, mass > 0)."""
-        if self._residual is None:
-            walk = self.walk
-            assert walk is not None and len(self._accept) == walk.num_children
-            walk.reject()
-            self._residual = walk.residual_weights()
-        return self._residual
-
-    def bonus_weights(self) -> torch.Tensor:
-        return self.target_probs
+        return ops.rejection_verdicts(tree, target_logits, coins, probs=probs, kernels=self.kernels)
