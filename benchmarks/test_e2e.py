@@ -28,7 +28,7 @@ import torch
 from verispec.bench.methods import METHODS
 from verispec.bench.prompts import build_prompt_ids, shipped_questions
 from verispec.bench.runner import make_context
-from verispec.core.types import GenerationConfig
+from verispec.core.types import GenerationParams
 from verispec.specs import parse_method
 
 PROMPT_IDS = (7, 14, 27)  # coding (rewrite a function), summarisation, retrieval
@@ -66,7 +66,7 @@ class _Workload:
         self.prompts = [
             build_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in wanted
         ]
-        self.config = GenerationConfig(
+        self.config = GenerationParams(
             max_new_tokens=MAX_NEW_TOKENS, eos_token_ids=self.context.eos_token_ids
         )
         self.ar = self.runner("ar")

@@ -65,7 +65,7 @@ _CORE_ONLY = textwrap.dedent(
         def verify(self, tree, target_logits, sampling, generator):
             return core.Verdict(accepted=(), extra_token=int(target_logits[0].argmax()))
 
-    decoder = core.SpeculativeDecoder(Target(), Empty(), Argmax())
+    decoder = core.Engine(Target(), Empty(), Argmax())
     assert decoder.generate([1], max_new_tokens=6).tokens == [2, 3, 4, 0, 1, 2]
     print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] == "verispec")))
     """
@@ -95,7 +95,7 @@ def test_core_decoder_needs_its_drafter_and_verifier(missing: str) -> None:
     parts = {"drafter": Autoregressive(), "verifier": lambda sampling: None}
     parts[missing] = None  # type: ignore[assignment]
     with pytest.raises(ConfigError, match=f"`{missing}` must be given"):
-        verispec.core.SpeculativeDecoder(_model(), **parts)  # type: ignore[arg-type]
+        verispec.core.Engine(_model(), **parts)  # type: ignore[arg-type]
     decoder = SpeculativeDecoder(_model())
     assert isinstance(decoder.drafter, Autoregressive)
     assert verispec.SpeculativeDecoder is SpeculativeDecoder

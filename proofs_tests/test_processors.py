@@ -23,7 +23,7 @@ import verispec
 from verispec import SpeculativeDecoder
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DETERMINISTIC, DraftTree, WithoutReplacement
-from verispec.core.types import DecodeState, GenerationConfig
+from verispec.core.types import DecodeState, GenerationParams
 from verispec.custom_generate import target_for
 from verispec.errors import ConfigError
 from verispec.models.tiny import ByteTokenizer, tiny_llama
@@ -122,7 +122,7 @@ def test_each_processor_greedy_equals_generate(hf_model: Any, option: str) -> No
     ],
 )
 def test_the_decoder_api_equals_generate(hf_model: Any, fields: dict[str, Any]) -> None:
-    """verispec's own decoder with the processing fields of its GenerationConfig returns
+    """verispec's own decoder with the processing fields of its GenerationParams returns
     ``generate``'s greedy tokens with the same options (tr and dtr, two prompts)."""
     target = target_for(hf_model)
     hf_options = dict(fields)
@@ -230,10 +230,10 @@ def test_an_unknown_transformers_processor_is_refused() -> None:
 def test_no_processing_costs_nothing() -> None:
     """A config without processing fields builds no processing (the loop is unchanged)."""
     factory = processing_for(
-        GenerationConfig(), prompt_length=3, tokenizer=None, eos_token_ids=[1], vocab_size=64
+        GenerationParams(), prompt_length=3, tokenizer=None, eos_token_ids=[1], vocab_size=64
     )
     assert factory is None
-    assert not GenerationConfig(temperature=0.7, top_k=5).processes_logits
+    assert not GenerationParams(temperature=0.7, top_k=5).processes_logits
 
 
 def test_bad_processing_settings_name_the_argument() -> None:
@@ -248,10 +248,10 @@ def test_bad_processing_settings_name_the_argument() -> None:
     ]
     for fields, match in cases:
         with pytest.raises(ConfigError, match=match):
-            GenerationConfig(**fields)
+            GenerationParams(**fields)
     with pytest.raises(ConfigError, match="needs the model's tokenizer"):
         processing_for(
-            GenerationConfig(regex="a+"),
+            GenerationParams(regex="a+"),
             prompt_length=1,
             tokenizer=None,
             eos_token_ids=[1],

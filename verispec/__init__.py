@@ -31,7 +31,7 @@ from verispec import errors
 from verispec.core import (
     DecodeState,
     DraftTree,
-    GenerationConfig,
+    GenerationParams,
     GenerationResult,
     SamplingParams,
     StepOutcome,
@@ -48,7 +48,7 @@ __all__ = [
     "DecodeState",
     "DraftTree",
     "FastModel",
-    "GenerationConfig",
+    "GenerationParams",
     "GenerationResult",
     "HFModel",
     "SamplingParams",

@@ -53,7 +53,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationM
 from verispec.core.engine import GenerationResult, require_tokenizer_for_stop_strings
 from verispec.core.types import (
     Drafter,
-    GenerationConfig,
+    GenerationParams,
     LanguageModel,
     check_seed,
     random_seed,
@@ -218,7 +218,7 @@ def speculative(
         dtype = check_dtype(dtype)
     check_kernels(kernels)
     boolean("learn_across_calls", learn_across_calls)
-    constraint = GenerationConfig(json_schema=json_schema, regex=regex, grammar=grammar)
+    constraint = GenerationParams(json_schema=json_schema, regex=regex, grammar=grammar)
     if constraint.constrained:
         if tokenizer is None:
             raise ConfigError(
@@ -256,10 +256,10 @@ class SpeculativeGenerate:
         dtype: torch.dtype | DType | None,
         kernels: Kernels,
         learn_across_calls: bool = True,
-        constraint: GenerationConfig | None = None,
+        constraint: GenerationParams | None = None,
     ) -> None:
         self.spec = spec_or_drafter
-        self.constraint = constraint if constraint is not None else GenerationConfig()
+        self.constraint = constraint if constraint is not None else GenerationParams()
         self.learn_across_calls = learn_across_calls
         self.tokenizer = tokenizer
         self.draft_model = draft_model
@@ -388,7 +388,7 @@ def _check_caller(caller: dict[str, Any] | None, synced_gpus: bool) -> None:
 
 def _generation_config(
     gc: Any, processors: Any, criteria: Any, input_ids: torch.Tensor, model_kwargs: dict
-) -> GenerationConfig:
+) -> GenerationParams:
     """verispec's settings for transformers' prepared config; raise on what has none."""
 
     def refuse(option: str, value: Any, allowed: str) -> ConfigError:
@@ -438,7 +438,7 @@ def _generation_config(
     head, sampling = _sampling_tail(processors) if sample else (processors, {})
     if sample and sampling is None:  # warpers the verifier cannot apply: all in the rows
         head, sampling = processors, {"temperature": 1.0}
-    return GenerationConfig(eos_token_ids=eos_ids, logits_processor=tuple(head), **(sampling or {}))
+    return GenerationParams(eos_token_ids=eos_ids, logits_processor=tuple(head), **(sampling or {}))
 
 
 # transformers' warpers that are verispec's sampling parameters, in the order both apply them
@@ -480,12 +480,12 @@ def _sampling_tail(processors: list[Any]) -> tuple[list[Any], dict[str, Any] | N
 def _seed(seed: int | None) -> int:
     if seed is None:  # from torch's global generator: torch.manual_seed makes a call repeat
         return random_seed()
-    return check_seed("seed", seed)  # the range of GenerationConfig.seed
+    return check_seed("seed", seed)  # the range of GenerationParams.seed
 
 
 def _with_call_options(
-    config: GenerationConfig, max_new: int, stop_strings: Any, seed: int | None
-) -> GenerationConfig:
+    config: GenerationParams, max_new: int, stop_strings: Any, seed: int | None
+) -> GenerationParams:
     import attrs
 
     sequence = isinstance(stop_strings, list | tuple)

@@ -1,6 +1,6 @@
 """The public decoder: the core loop with the package's defaults.
 
-:class:`verispec.core.SpeculativeDecoder` is handed its drafter and its verifier and
+:class:`verispec.core.Engine` is handed its drafter and its verifier and
 knows no concrete one. :class:`SpeculativeDecoder` here (``verispec.SpeculativeDecoder``)
 is the same class with defaults picked at construction, without any global: the
 :class:`~verispec.drafters.Autoregressive` drafter when none is given, and the
@@ -26,7 +26,7 @@ from verispec.verifiers import default_verifier
 __all__ = ["SpeculativeDecoder"]
 
 
-class SpeculativeDecoder(engine.SpeculativeDecoder):
+class SpeculativeDecoder(engine.Engine):
     """Lossless speculative decoding of one sequence at a time, with default parts.
 
     Args:

@@ -13,7 +13,7 @@ import torch
 
 from verispec.bench.methods import METHODS
 from verispec.bench.runner import BenchContext, LlamaCppRunner, llama_cpp_available
-from verispec.core.types import GenerationConfig
+from verispec.core.types import GenerationParams
 from verispec.errors import ConfigError
 
 
@@ -66,7 +66,7 @@ def test_plumbing_same_prompt_threads_greedy_and_stop(context: BenchContext) -> 
     the first end-of-sequence id (kept) and counts one forward per eval."""
     threads = torch.get_num_threads()
     runner = LlamaCppRunner(context, llama_class=FakeLlama)
-    result = runner.run([1, 5, 6], GenerationConfig(max_new_tokens=50))
+    result = runner.run([1, 5, 6], GenerationParams(max_new_tokens=50))
     (options,) = FakeLlama.built
     assert options["model_path"] == context.gguf
     assert options["n_threads"] == options["n_threads_batch"] == threads
@@ -84,7 +84,7 @@ def test_max_new_tokens_cuts_and_each_call_starts_empty(context: BenchContext) -
     """``max_new_tokens`` ends the answer, and every call resets the cache first."""
     runner = LlamaCppRunner(context, llama_class=FakeLlama)
     for _ in range(2):
-        result = runner.run([1, 5], GenerationConfig(max_new_tokens=2))
+        result = runner.run([1, 5], GenerationParams(max_new_tokens=2))
         assert result.tokens == (7, 8) and result.finish_reason == "max_new_tokens"
     assert runner.llama.resets == 2 and len(FakeLlama.built) == 1
 
@@ -95,11 +95,11 @@ def test_prompt_lookup_and_a_longer_prompt(context: BenchContext) -> None:
     runner = LlamaCppRunner(
         context, prompt_lookup=(3, 7), llama_class=FakeLlama, lookup_class=FakeLookup
     )
-    runner.run([1] * 10, GenerationConfig(max_new_tokens=4))
+    runner.run([1] * 10, GenerationParams(max_new_tokens=4))
     lookup = FakeLlama.built[0]["draft_model"]
     assert (lookup.max_ngram_size, lookup.num_pred_tokens) == (3, 7)
     assert FakeLlama.built[0]["logits_all"] is True  # the draft's logits buffer holds n_ctx rows
-    runner.run([1] * 1500, GenerationConfig(max_new_tokens=4))
+    runner.run([1] * 1500, GenerationParams(max_new_tokens=4))
     assert [b["n_ctx"] for b in FakeLlama.built] == [1024, 2048]
     assert runner.setup_s > 0
 
@@ -107,7 +107,7 @@ def test_prompt_lookup_and_a_longer_prompt(context: BenchContext) -> None:
 def test_sampling_settings_and_seed(context: BenchContext) -> None:
     """At temperature > 0 the sampling parameters and the seed reach llama.cpp."""
     runner = LlamaCppRunner(context, llama_class=FakeLlama)
-    config = GenerationConfig(max_new_tokens=3, temperature=0.7, top_k=20, top_p=0.9, seed=4)
+    config = GenerationParams(max_new_tokens=3, temperature=0.7, top_k=20, top_p=0.9, seed=4)
     runner.run([1], config)
     _, kwargs = runner.llama.calls[0]
     assert (kwargs["temp"], kwargs["top_k"], kwargs["top_p"]) == (0.7, 20, 0.9)
@@ -147,7 +147,7 @@ def test_llama_cpp_on_the_embedded_gguf(default_model: Any) -> None:
     filler = "Some context to read first. " * 100  # a prompt past 512 tokens (one batch)
     ids = build_prompt_ids(tokenizer, [{"role": "user", "content": filler + text}])
     assert len(ids) > 600
-    config = GenerationConfig(max_new_tokens=24, eos_token_ids=context.eos_token_ids)
+    config = GenerationParams(max_new_tokens=24, eos_token_ids=context.eos_token_ids)
     plain = LlamaCppRunner(context).run(ids, config)
     lookup = LlamaCppRunner(context, prompt_lookup=(2, 10)).run(ids, config)
     assert 0 < len(plain.tokens) <= 24 and plain.steps == len(plain.tokens)

@@ -33,7 +33,7 @@ from verispec.bench.records import (
     write_json,
 )
 from verispec.bench.runner import BenchConfig, TurnRecord, TurnResult, record_key, run_bench
-from verispec.core.types import GenerationConfig
+from verispec.core.types import GenerationParams
 from verispec.errors import ConfigError
 from verispec.specs import parse_methods
 
@@ -194,7 +194,7 @@ class _Runner:
     def reset(self) -> None:
         pass
 
-    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+    def run(self, prompt_ids: Sequence[int], config: GenerationParams) -> TurnResult:
         self.log.append((self.label, len(prompt_ids)))
         return _record(0, 0, self.label, token=len(prompt_ids)).result
 

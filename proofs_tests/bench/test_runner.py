@@ -15,7 +15,7 @@ from verispec.bench.prompts import Question, shipped_questions
 from verispec.bench.records import write_json
 from verispec.bench.report import summarise, to_json
 from verispec.bench.runner import BenchConfig, TurnResult, build_runners, run_bench
-from verispec.core.types import GenerationConfig
+from verispec.core.types import GenerationParams
 from verispec.errors import ConfigError
 from verispec.specs import parse_methods
 
@@ -32,7 +32,7 @@ class _SpyRunner:
     def remember(self, tokens: Sequence[int]) -> None:
         self.log.append(("remember", self.label, len(tokens)))
 
-    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+    def run(self, prompt_ids: Sequence[int], config: GenerationParams) -> TurnResult:
         self.log.append(("run", self.label, len(prompt_ids)))
         return TurnResult(
             tokens=[65 + len(self.log) % 20] * 3,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from verispec import SpeculativeDecoder
-from verispec.core import DecodeState, DraftTree, GenerationConfig, StepOutcome
+from verispec.core import DecodeState, DraftTree, GenerationParams, StepOutcome
 from verispec.errors import ConfigError, ContextLengthError, IncompatibleModelsError
 from verispec.verifiers import Greedy, RecursiveRejection
 
@@ -128,8 +128,8 @@ def test_context_end_truncates_tree_then_stops() -> None:
 def test_verifier_policy_picks_by_temperature() -> None:
     """The default policy verifies greedily at temperature 0 and by rejection otherwise."""
     decoder = SpeculativeDecoder(CountingModel())
-    assert isinstance(decoder.verifier_for(GenerationConfig().sampling), Greedy)
-    sampled = decoder.verifier_for(GenerationConfig(temperature=0.7).sampling)
+    assert isinstance(decoder.verifier_for(GenerationParams().sampling), Greedy)
+    sampled = decoder.verifier_for(GenerationParams(temperature=0.7).sampling)
     assert not isinstance(sampled, Greedy)
 
 
@@ -146,7 +146,7 @@ def test_verifier_policy_picks_by_temperature() -> None:
 def test_bad_generation_config_is_rejected(kwargs: dict, match: str) -> None:
     """Out-of-range settings raise ConfigError naming the argument."""
     with pytest.raises(ConfigError, match=match):
-        GenerationConfig(**kwargs)
+        GenerationParams(**kwargs)
 
 
 def test_empty_prompt_is_rejected() -> None:
@@ -191,7 +191,7 @@ def test_kernels_choice_reaches_the_default_verifiers() -> None:
     for kernels in ("torch", "auto"):
         decoder = SpeculativeDecoder(CountingModel(), kernels=kernels)
         for temperature in (0.0, 0.7):
-            verifier = decoder.verifier_for(GenerationConfig(temperature=temperature).sampling)
+            verifier = decoder.verifier_for(GenerationParams(temperature=temperature).sampling)
             verifier = getattr(verifier, "fallback", verifier)
             assert verifier.kernels == kernels  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="`kernels` must be one of"):
@@ -275,18 +275,18 @@ BAD_API_INPUT = [
     ("prompt of no kind", lambda: _decoder().generate(None), "prompt"),
     ("seed 2**70", lambda: _decoder().generate([1], seed=2**70), "seed"),
     ("seed 1.5", lambda: _decoder().generate([1], seed=1.5), "seed"),
-    ("seed None", lambda: GenerationConfig(seed=None), "seed"),
-    ("seed -1", lambda: GenerationConfig(seed=-1), "seed"),
-    ("seed True", lambda: GenerationConfig(seed=True), "seed"),
-    ("eos id -1", lambda: GenerationConfig(eos_token_ids=[-1]), "eos_token_ids"),
-    ("eos id not an int", lambda: GenerationConfig(eos_token_ids=["</s>"]), "eos_token_ids"),
+    ("seed None", lambda: GenerationParams(seed=None), "seed"),
+    ("seed -1", lambda: GenerationParams(seed=-1), "seed"),
+    ("seed True", lambda: GenerationParams(seed=True), "seed"),
+    ("eos id -1", lambda: GenerationParams(eos_token_ids=[-1]), "eos_token_ids"),
+    ("eos id not an int", lambda: GenerationParams(eos_token_ids=["</s>"]), "eos_token_ids"),
     ("eos id >= V", lambda: _decoder().generate([1], eos_token_ids=[7]), "eos_token_ids"),
-    ("empty stop string", lambda: GenerationConfig(stop_strings=[""]), "stop_strings"),
-    ("stop string not a str", lambda: GenerationConfig(stop_strings=[3]), "stop_strings"),
-    ("temperature NaN", lambda: GenerationConfig(temperature=float("nan")), "temperature"),
-    ("top_p above 1", lambda: GenerationConfig(top_p=1.5), "top_p"),
-    ("min_p of 1", lambda: GenerationConfig(min_p=1.0), "min_p"),
-    ("max_new_tokens 2.5", lambda: GenerationConfig(max_new_tokens=2.5), "max_new_tokens"),
+    ("empty stop string", lambda: GenerationParams(stop_strings=[""]), "stop_strings"),
+    ("stop string not a str", lambda: GenerationParams(stop_strings=[3]), "stop_strings"),
+    ("temperature NaN", lambda: GenerationParams(temperature=float("nan")), "temperature"),
+    ("top_p above 1", lambda: GenerationParams(top_p=1.5), "top_p"),
+    ("min_p of 1", lambda: GenerationParams(min_p=1.0), "min_p"),
+    ("max_new_tokens 2.5", lambda: GenerationParams(max_new_tokens=2.5), "max_new_tokens"),
     ("policy returns junk", lambda: _decoder(verifier=_Policy()).generate([1]), "verifier"),
 ]  # fmt: skip
 
@@ -428,7 +428,7 @@ def test_a_batch_of_one_prompt_is_that_prompt() -> None:
         _decoder().generate(torch.tensor([ids, ids]))
 
 
-@pytest.mark.parametrize("entry", ["generate", "stream", "GenerationConfig"])
+@pytest.mark.parametrize("entry", ["generate", "stream", "GenerationParams"])
 def test_stop_strings_without_a_tokenizer_are_refused_not_ignored(entry: str) -> None:
     """Stop strings are matched on decoded text: a decoder without a tokenizer refuses them
     with the one error every entry point raises (it used to run to max_new_tokens), from
@@ -440,7 +440,7 @@ def test_stop_strings_without_a_tokenizer_are_refused_not_ignored(entry: str) ->
         elif entry == "stream":
             next(iter(decoder.stream([1], max_new_tokens=30, stop_strings=["45"])))
         else:
-            decoder.generate([1], GenerationConfig(max_new_tokens=30, stop_strings=["45"]))
+            decoder.generate([1], GenerationParams(max_new_tokens=30, stop_strings=["45"]))
     assert decoder.generate([1], max_new_tokens=3).finish_reason == "max_new_tokens"
 
 

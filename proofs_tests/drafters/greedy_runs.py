@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from verispec import SpeculativeDecoder
-from verispec.core.types import Drafter, GenerationConfig, LanguageModel
+from verispec.core.types import Drafter, GenerationParams, LanguageModel
 from verispec.verifiers import Greedy
 
 
@@ -20,7 +20,7 @@ def remembered_greedy_run(
     ``reference(prompt, max_new_tokens)``, remember it in the drafter's corpus for the
     next prompts, and return how many draft tokens were accepted in all."""
     decoder = SpeculativeDecoder(model, drafter, Greedy())
-    config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_ids=())
+    config = GenerationParams(max_new_tokens=max_new_tokens, eos_token_ids=())
     accepted = 0
     for prompt in prompts:
         result = decoder.generate(prompt, config)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from verispec import SpeculativeDecoder
-from verispec.core import DecodeState, GenerationConfig, SamplingParams, StepOutcome
+from verispec.core import DecodeState, GenerationParams, SamplingParams, StepOutcome
 from verispec.core.types import Verdict
 from verispec.drafters import Autoregressive, PromptLookup, TokenRecycling
 from verispec.drafters.budget import LatencyTable
@@ -240,7 +240,7 @@ def test_the_decoder_binds_the_latency_table_and_output_stays_greedy(tiny, make)
     decoder = SpeculativeDecoder(tiny, drafter, Greedy())
     assert drafter.latency is not None and drafter.gate is not None
     reference = SpeculativeDecoder(tiny, Autoregressive(), Greedy())
-    config = GenerationConfig(max_new_tokens=24)
+    config = GenerationParams(max_new_tokens=24)
     for prompt in ([1, 2, 3, 1, 2], [5, 9, 5, 9, 5, 9, 5]):
         assert (
             decoder.generate(prompt, config=config).tokens

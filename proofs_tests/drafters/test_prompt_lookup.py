@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from verispec import SpeculativeDecoder
-from verispec.core import DecodeState, GenerationConfig, SamplingParams
+from verispec.core import DecodeState, GenerationParams, SamplingParams
 from verispec.drafters.prompt_lookup import NgramIndex, PromptLookup
 from verispec.errors import ConfigError
 from verispec.verifiers import Greedy
@@ -197,7 +197,7 @@ def _repetitive_prompts(count: int, vocab: int) -> list[list[int]]:
 def test_greedy_token_identical_on_tiny_llama(tiny, greedy_reference, tree: bool) -> None:
     """PLD (tree and chain) + Greedy produces exactly plain greedy's tokens on 12 prompts."""
     decoder = SpeculativeDecoder(tiny, PromptLookup(tree=tree), Greedy())
-    config = GenerationConfig(max_new_tokens=40, eos_token_ids=())
+    config = GenerationParams(max_new_tokens=40, eos_token_ids=())
     accepted = 0
     for prompt in _repetitive_prompts(12, tiny.vocab_size):
         result = decoder.generate(prompt, config)

@@ -9,7 +9,7 @@ from verispec import SpeculativeDecoder
 from verispec.core import (
     DecodeState,
     DraftTree,
-    GenerationConfig,
+    GenerationParams,
     SamplingParams,
     StepOutcome,
     Verdict,
@@ -212,7 +212,7 @@ def test_greedy_token_identical_on_tiny_llama(tiny, greedy_reference, template: 
     else:
         drafter = TokenRecycling(template)
     decoder = SpeculativeDecoder(tiny, drafter, Greedy())
-    config = GenerationConfig(max_new_tokens=40, eos_token_ids=())
+    config = GenerationParams(max_new_tokens=40, eos_token_ids=())
     accepted = 0
     for prompt in _prompts(12, tiny.vocab_size):
         result = decoder.generate(prompt, config)

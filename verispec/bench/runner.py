@@ -31,7 +31,7 @@ import torch
 
 from verispec.bench.prompts import Question, build_prompt_ids
 from verispec.core.engine import GenerationResult
-from verispec.core.types import Drafter, GenerationConfig, LanguageModel
+from verispec.core.types import Drafter, GenerationParams, LanguageModel
 from verispec.core.validate import attrs_check, boolean, integer
 from verispec.decoder import SpeculativeDecoder
 from verispec.errors import ConfigError
@@ -75,7 +75,7 @@ class BenchContext:
     draft_model: Any = None
     gguf: str | None = None
 
-    def stop_ids(self, config: GenerationConfig) -> tuple[int, ...]:
+    def stop_ids(self, config: GenerationParams) -> tuple[int, ...]:
         """The ids an answer stops on: ``config``'s if it names any, else the context's."""
         return tuple(config.eos_token_ids or self.eos_token_ids)
 
@@ -124,7 +124,7 @@ class MethodRunner(Protocol):
 
     def reset(self) -> None: ...
 
-    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult: ...
+    def run(self, prompt_ids: Sequence[int], config: GenerationParams) -> TurnResult: ...
 
     def remember(self, tokens: Sequence[int]) -> None: ...
 
@@ -195,7 +195,7 @@ class EngineRunner:
         if callable(remember):
             remember(list(tokens))
 
-    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+    def run(self, prompt_ids: Sequence[int], config: GenerationParams) -> TurnResult:
         config = attrs.evolve(config, eos_token_ids=self.context.stop_ids(config) or None)
         attention: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if type(self.context.target).__name__ == "HFModel" and self.context.hf_model is not None:
@@ -225,7 +225,7 @@ class EngineRunner:
         )
 
 
-def _refuse_processing(peer: object, config: GenerationConfig) -> None:
+def _refuse_processing(peer: object, config: GenerationParams) -> None:
     """The peers decode without verispec's processing: refuse rather than ignore it."""
     if config.processes_logits:
         raise ConfigError(
@@ -261,7 +261,7 @@ class _Peer:
     def _result(
         self,
         tokens: list[int],
-        config: GenerationConfig,
+        config: GenerationParams,
         seconds: float,
         peak: int,
         forwards: int,
@@ -352,7 +352,7 @@ class HFRunner(_Peer):
         first = seconds[False][0] if seconds[False] else None
         return len(seconds[False]), sum(seconds[False]), sum(seconds[True]), first
 
-    def _generate(self, ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+    def _generate(self, ids: torch.Tensor, config: GenerationParams) -> torch.Tensor:
         eos = list(self.context.stop_ids(config))
         kwargs: dict[str, Any] = {
             "max_new_tokens": config.max_new_tokens,
@@ -386,7 +386,7 @@ class HFRunner(_Peer):
         with torch.inference_mode():
             return self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
 
-    def _compile(self, length: int, config: GenerationConfig) -> None:
+    def _compile(self, length: int, config: GenerationParams) -> None:
         """A short greedy answer to a ``length``-token prompt, hooked as when measured (one
         graph serves both): builds the compiled step for the static cache's new size."""
         warm = attrs.evolve(config, max_new_tokens=min(config.max_new_tokens, 4), temperature=0)
@@ -395,7 +395,7 @@ class HFRunner(_Peer):
                 torch.zeros((1, length), dtype=torch.long, device=self.context.device), warm
             )
 
-    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+    def run(self, prompt_ids: Sequence[int], config: GenerationParams) -> TurnResult:
         _refuse_processing(self, config)
         if self.static_cache:
             needed = len(prompt_ids) + config.max_new_tokens + 1
@@ -487,7 +487,7 @@ class LlamaCppRunner(_Peer):
 
         llama.eval, self.llama = counted_eval, llama
 
-    def _generate(self, prompt: list[int], config: GenerationConfig) -> list[int]:
+    def _generate(self, prompt: list[int], config: GenerationParams) -> list[int]:
         eos, llama = set(self.context.stop_ids(config)), self.llama
         llama.reset()  # an empty cache: no prompt prefix reused from the last call
         sampling = {"temp": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
@@ -507,7 +507,7 @@ class LlamaCppRunner(_Peer):
             stream.close()
         return tokens
 
-    def run(self, prompt_ids: Sequence[int], config: GenerationConfig) -> TurnResult:
+    def run(self, prompt_ids: Sequence[int], config: GenerationParams) -> TurnResult:
         _refuse_processing(self, config)
         prompt = [int(t) for t in prompt_ids]
         draft_room = self.prompt_lookup[1] if self.prompt_lookup is not None else 0
@@ -552,10 +552,10 @@ class BenchConfig:
     def __attrs_post_init__(self) -> None:
         self.generation(None)  # validates the generation settings
 
-    def generation(self, eos: Sequence[int] | None) -> GenerationConfig:
+    def generation(self, eos: Sequence[int] | None) -> GenerationParams:
         shared = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed")
         settings = {name: getattr(self, name) for name in shared}
-        return GenerationConfig(**settings, eos_token_ids=tuple(eos) if eos else None)
+        return GenerationParams(**settings, eos_token_ids=tuple(eos) if eos else None)
 
 
 @attrs.frozen

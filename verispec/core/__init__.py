@@ -5,8 +5,8 @@ No module here holds mutable state: the decoder is handed its drafter and verifi
 """
 
 from verispec.core.engine import (
+    Engine,
     GenerationResult,
-    SpeculativeDecoder,
     StepStats,
     StreamChunk,
     VerifierPolicy,
@@ -16,7 +16,7 @@ from verispec.core.tree import DETERMINISTIC, IID, Deterministic, DraftTree, Wit
 from verispec.core.types import (
     DecodeState,
     Drafter,
-    GenerationConfig,
+    GenerationParams,
     LanguageModel,
     StepOutcome,
     Verdict,
@@ -30,11 +30,11 @@ __all__ = [
     "Deterministic",
     "DraftTree",
     "Drafter",
-    "GenerationConfig",
+    "GenerationParams",
     "GenerationResult",
     "LanguageModel",
     "SamplingParams",
-    "SpeculativeDecoder",
+    "Engine",
     "StepOutcome",
     "StepStats",
     "StreamChunk",

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import torch
 
-from verispec.core.types import GenerationConfig
+from verispec.core.types import GenerationParams
 from verispec.errors import ConfigError
 
 __all__ = ["check_decoder_arguments", "describe", "generation_config", "token_id_list"]
@@ -82,17 +82,17 @@ def _check_verifier(verifier: object) -> None:
         )
 
 
-def generation_config(config: object, overrides: dict[str, Any]) -> GenerationConfig:
-    """``config`` (default: ``GenerationConfig()``) with ``overrides`` applied, checked."""
+def generation_config(config: object, overrides: dict[str, Any]) -> GenerationParams:
+    """``config`` (default: ``GenerationParams()``) with ``overrides`` applied, checked."""
     if config is None:
-        config = GenerationConfig()
-    if not isinstance(config, GenerationConfig):
+        config = GenerationParams()
+    if not isinstance(config, GenerationParams):
         raise ConfigError(
-            f"`config` must be a GenerationConfig or None; got {describe(config)}. Pass "
-            "GenerationConfig(**settings), or the settings as keywords of generate()."
+            f"`config` must be a GenerationParams or None; got {describe(config)}. Pass "
+            "GenerationParams(**settings), or the settings as keywords of generate()."
         )
     if overrides:
-        fields = [f.name for f in attrs.fields(GenerationConfig)]
+        fields = [f.name for f in attrs.fields(GenerationParams)]
         unknown = sorted(set(overrides) - set(fields))
         if unknown:
             raise ConfigError(

@@ -1,6 +1,6 @@
 """The speculative decoding loop.
 
-``SpeculativeDecoder.generate`` prefills the prompt, then repeats
+``Engine.generate`` prefills the prompt, then repeats
 
 1. propose   — the drafter sends a :class:`~verispec.core.tree.DraftTree`;
 2. score     — the target scores root and tree in one ``forward_tree``;
@@ -45,7 +45,7 @@ from verispec.core.sampling import SamplingParams
 from verispec.core.types import (
     DecodeState,
     Drafter,
-    GenerationConfig,
+    GenerationParams,
     LanguageModel,
     PositionKeyedVerifier,
     StepOutcome,
@@ -58,7 +58,7 @@ from verispec.errors import ConfigError, ContextLengthError, IncompatibleModelsE
 __all__ = [
     "GenerationResult",
     "require_tokenizer_for_stop_strings",
-    "SpeculativeDecoder",
+    "Engine",
     "StepStats",
     "StreamChunk",
     "ProcessingFactory",
@@ -181,7 +181,7 @@ class GenerationResult:
 
 @attrs.frozen
 class StreamChunk:
-    """What one step of :meth:`SpeculativeDecoder.stream` added to the answer.
+    """What one step of :meth:`Engine.stream` added to the answer.
 
     Attributes:
         tokens: the token ids this step added (its committed tokens, cut at the stop
@@ -240,7 +240,7 @@ def require_tokenizer_for_stop_strings(
         )
 
 
-class SpeculativeDecoder:
+class Engine:
     """Lossless speculative decoding of one sequence at a time.
 
     Args:
@@ -272,7 +272,7 @@ class SpeculativeDecoder:
         for name, value in (("drafter", drafter), ("verifier", verifier)):
             if value is None:
                 raise ConfigError(
-                    f"`{name}` must be given to verispec.core.SpeculativeDecoder; got None. "
+                    f"`{name}` must be given to verispec.core.Engine; got None. "
                     "verispec.SpeculativeDecoder supplies the package's defaults."
                 )
         self.target = target
@@ -341,7 +341,7 @@ class SpeculativeDecoder:
         return ids
 
     def _processing_for(
-        self, config: GenerationConfig, prompt_length: int, eos_ids: set[int]
+        self, config: GenerationParams, prompt_length: int, eos_ids: set[int]
     ) -> TreeProcessing | None:
         """This generation's logits processing, or None when its config asks for none."""
         if not config.processes_logits:
@@ -360,7 +360,7 @@ class SpeculativeDecoder:
             vocab_size=self.target.vocab_size,
         )
 
-    def _eos_ids(self, config: GenerationConfig) -> set[int]:
+    def _eos_ids(self, config: GenerationParams) -> set[int]:
         if config.eos_token_ids is not None:
             bad = [t for t in config.eos_token_ids if t >= self.target.vocab_size]
             if bad:
@@ -381,7 +381,7 @@ class SpeculativeDecoder:
     def generate(
         self,
         prompt: str | Sequence[int] | torch.Tensor,
-        config: GenerationConfig | None = None,
+        config: GenerationParams | None = None,
         *,
         on_step: Callable[[list[int]], None] | None = None,
         **overrides: Any,
@@ -409,7 +409,7 @@ class SpeculativeDecoder:
     def stream(
         self,
         prompt: str | Sequence[int] | torch.Tensor,
-        config: GenerationConfig | None = None,
+        config: GenerationParams | None = None,
         **overrides: Any,
     ) -> Iterator[StreamChunk]:
         """Generate like :meth:`generate`, yielding each step's tokens as they are committed.
@@ -443,7 +443,7 @@ class SpeculativeDecoder:
     def _run(
         self,
         prompt: str | Sequence[int] | torch.Tensor,
-        config: GenerationConfig | None,
+        config: GenerationParams | None,
         overrides: dict[str, Any],
     ) -> Generator[_StepEvent, None, GenerationResult]:
         """The loop, as a generator of one event per step; returns the result.
@@ -581,7 +581,7 @@ class SpeculativeDecoder:
         new_tokens: list[int],
         committed: list[int],
         eos_ids: set[int],
-        config: GenerationConfig,
+        config: GenerationParams,
     ) -> Literal["eos", "stop_string", "max_new_tokens"] | None:
         """Add this step's tokens; say why generation stops, if it does.
 

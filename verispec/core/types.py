@@ -1,7 +1,7 @@
 """The values and protocols that cross verispec's layers.
 
 * :class:`Verdict` — what a verifier decides about one draft tree.
-* :class:`GenerationConfig` — one generation's settings.
+* :class:`GenerationParams` — one generation's settings.
 * :class:`DecodeState` — what a drafter sees when it proposes.
 * :class:`StepOutcome` — what a drafter is told after verification.
 * :class:`LanguageModel`, :class:`Drafter`, :class:`Verifier`, :class:`TreeProcessing` — the
@@ -27,7 +27,7 @@ from verispec.errors import ConfigError
 __all__ = [
     "DecodeState",
     "Drafter",
-    "GenerationConfig",
+    "GenerationParams",
     "LanguageModel",
     "StepOutcome",
     "PositionKeyedVerifier",
@@ -188,8 +188,8 @@ def _check_text(instance: object, attribute: attrs.Attribute, value: object) -> 
 
 
 @attrs.frozen
-class GenerationConfig:
-    """Settings of one generation, mirroring Hugging Face's ``GenerationConfig`` names.
+class GenerationParams:
+    """Settings of one generation, named as in Hugging Face's ``GenerationConfig``.
 
     Attributes:
         max_new_tokens: most tokens to generate (>= 1).

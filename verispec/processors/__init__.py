@@ -8,7 +8,7 @@ the distribution the target has at each node with the processing on, so greedy o
 equals ``generate``'s with the same processors and sampled output has the same law.
 
 * :func:`processing_for` — the decoder's factory: a :class:`TreeProcessor` for one
-  generation's :class:`~verispec.core.types.GenerationConfig`, or None;
+  generation's :class:`~verispec.core.types.GenerationParams`, or None;
 * :mod:`verispec.processors.hf` — which transformers processors are exact, and how each
   is called (one batch per depth, one row at a time, or checked on first use);
 * :mod:`verispec.processors.grammar` — structured output through ``llguidance``, masked
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from verispec.core.types import GenerationConfig
+from verispec.core.types import GenerationParams
 from verispec.errors import ConfigError
 from verispec.processors.grammar import (
     GrammarConstraint,
@@ -46,7 +46,7 @@ __all__ = [
 
 
 def processing_for(
-    config: GenerationConfig,
+    config: GenerationParams,
     *,
     prompt_length: int,
     tokenizer: Any,

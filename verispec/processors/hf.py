@@ -21,7 +21,7 @@ length, so one call per depth processes them as a batch.
 and raises :class:`~verispec.errors.ConfigError` naming the processor for those that are
 not functions of the prefix (they keep state across calls, run a model, or belong to
 encoder-decoder or audio models). :func:`config_processors` builds the processors of
-verispec's own :class:`~verispec.core.types.GenerationConfig` fields, with transformers'
+verispec's own :class:`~verispec.core.types.GenerationParams` fields, with transformers'
 own classes, in the order ``generate`` builds them.
 """
 
@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import torch
 
-from verispec.core.types import GenerationConfig
+from verispec.core.types import GenerationParams
 from verispec.errors import ConfigError
 
 __all__ = ["Mode", "classify", "config_processors", "probe"]
@@ -156,7 +156,7 @@ def _same(a: object, b: object) -> bool:
 
 
 def config_processors(
-    config: GenerationConfig, prompt_length: int, eos_token_ids: Sequence[int]
+    config: GenerationParams, prompt_length: int, eos_token_ids: Sequence[int]
 ) -> list[Any]:
     """transformers' processors for ``config``'s processing fields, in ``generate``'s order,
     then ``config.logits_processor``.

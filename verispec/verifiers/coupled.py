@@ -152,7 +152,7 @@ class Coupled:
     The decoder passes ``position`` (the absolute position of the root's next token,
     ``len(state.tokens)``) to every verifier whose ``keyed_by_position`` is true; the
     seed is the generator's (``generator.initial_seed()``, the run's
-    :attr:`~verispec.core.types.GenerationConfig.seed`). At temperature 0 the draws
+    :attr:`~verispec.core.types.GenerationParams.seed`). At temperature 0 the draws
     are the argmax and the verdict equals :class:`~verispec.verifiers.Greedy`'s.
     """
 

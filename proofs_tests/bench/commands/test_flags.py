@@ -9,12 +9,12 @@ import pytest
 
 from verispec import cli
 from verispec.bench.commands.flags import FLAGS, NOT_FLAGS, add_generation_options
-from verispec.core.types import GenerationConfig
+from verispec.core.types import GenerationParams
 
 
 def test_every_generation_config_field_is_a_flag_or_says_why_not() -> None:
-    """Each field of GenerationConfig is a generated flag or listed in NOT_FLAGS, not both."""
-    fields = set(attrs.fields_dict(GenerationConfig))
+    """Each field of GenerationParams is a generated flag or listed in NOT_FLAGS, not both."""
+    fields = set(attrs.fields_dict(GenerationParams))
     assert set(FLAGS) | set(NOT_FLAGS) == fields
     assert not set(FLAGS) & set(NOT_FLAGS)
 
@@ -24,7 +24,7 @@ def test_the_flags_defaults_are_the_fields_defaults(command: list[str]) -> None:
     """Parsing no flag gives every generated flag its field's default, in both commands
     (the processing flags where the command has them)."""
     args = cli.build_parser().parse_args(command)
-    defaults = GenerationConfig()
+    defaults = GenerationParams()
     for name, flag in FLAGS.items():
         if flag.group == "processing" and command[0] == "bench":
             assert not hasattr(args, name)
@@ -52,4 +52,4 @@ def test_flag_names_and_help_follow_the_field() -> None:
     add_generation_options(parser)
     action = next(a for a in parser._actions if a.dest == "top_k")
     assert action.option_strings == ["--top-k"]
-    assert action.help is not None and action.help.endswith(f"(default {GenerationConfig().top_k})")
+    assert action.help is not None and action.help.endswith(f"(default {GenerationParams().top_k})")

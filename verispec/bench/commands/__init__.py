@@ -5,7 +5,7 @@
 ``verispec/cli.py`` builds the parser from them and dispatches.
 
 What two commands share: :mod:`~verispec.bench.commands.flags` (the generation flags,
-made from :class:`~verispec.core.types.GenerationConfig`'s fields),
+made from :class:`~verispec.core.types.GenerationParams`'s fields),
 :mod:`~verispec.bench.commands.target` (the model flags, checked and loaded) and
 :mod:`~verispec.bench.commands.outputs` (the report files).
 """

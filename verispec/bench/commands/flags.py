@@ -1,12 +1,12 @@
 """The generation flags of ``verispec bench`` and ``verispec generate``, made from the fields.
 
-Each flag in :data:`FLAGS` is a field of :class:`~verispec.core.types.GenerationConfig`:
+Each flag in :data:`FLAGS` is a field of :class:`~verispec.core.types.GenerationParams`:
 its name is the field's (``top_k`` → ``--top-k``), its default is the field's default,
 and its argparse type checks the range of the field's own check (the validator of
 :class:`~verispec.core.sampling.SamplingParams` for the sampling fields), phrased as
 :func:`verispec.core.validate.bounds` phrases ranges. Only the metavar and the line of
 help are written here. A field that is not a flag is listed in :data:`NOT_FLAGS`, with
-the reason, so a new field of ``GenerationConfig`` is a decision (a test checks it).
+the reason, so a new field of ``GenerationParams`` is a decision (a test checks it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Literal
 import attrs
 
 from verispec.core.sampling import SamplingParams
-from verispec.core.types import SEED_LIMIT, GenerationConfig, check_seed
+from verispec.core.types import SEED_LIMIT, GenerationParams, check_seed
 from verispec.core.validate import bounds, in_bounds, integer, interval, number
 from verispec.errors import ConfigError
 
@@ -78,7 +78,7 @@ Check = tuple[Callable[..., object], tuple[Any, ...], dict[str, Any]]
 
 @attrs.frozen
 class Flag:
-    """The command-line face of one ``GenerationConfig`` field.
+    """The command-line face of one ``GenerationParams`` field.
 
     Attributes:
         metavar: the value's name in ``--help``.
@@ -113,7 +113,7 @@ FLAGS: dict[str, Flag] = {
         "X",
         "transformers' repetition penalty, 1: none (default {default:g})",
         "processing",
-        # 0 passes argparse and is refused by GenerationConfig, whose message names the field
+        # 0 passes argparse and is refused by GenerationParams, whose message names the field
         check=(number, (0.0,), {}),
     ),
     "no_repeat_ngram_size": Flag(
@@ -135,11 +135,11 @@ NOT_FLAGS: dict[str, str] = {
 
 
 def _field(name: str) -> Any:
-    return attrs.fields_dict(GenerationConfig)[name]
+    return attrs.fields_dict(GenerationParams)[name]
 
 
 def _check(name: str) -> Check:
-    """The check of ``GenerationConfig``'s field ``name`` (SamplingParams' for its fields)."""
+    """The check of ``GenerationParams``'s field ``name`` (SamplingParams' for its fields)."""
     validator = _field(name).validator
     if validator is None:
         validator = attrs.fields_dict(SamplingParams)[name].validator
@@ -212,7 +212,7 @@ def add_processing_options(parser: argparse.ArgumentParser) -> None:
 
 
 def processing(args: argparse.Namespace) -> dict[str, Any]:
-    """The GenerationConfig fields of the processing options (files read here)."""
+    """The GenerationParams fields of the processing options (files read here)."""
 
     def read(option: str, path: str | None) -> str | None:
         if path is None:

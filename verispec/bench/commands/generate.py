@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     from verispec.bench.methods import METHODS
     from verispec.bench.prompts import build_prompt_ids
     from verispec.bench.runner import build_runners, check_available
-    from verispec.core.types import GenerationConfig
+    from verispec.core.types import GenerationParams
     from verispec.specs import parse_methods
 
     # 1. everything a user can get wrong, before the model loads
@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("`--prompt` must not be empty.")
     config = bench_config(args)
     settings = processing(args)
-    GenerationConfig(**settings)  # bad settings fail before the model loads
+    GenerationParams(**settings)  # bad settings fail before the model loads
     target.device(args.device)
     check_available(specs)
     kernels = target.kernel_scope(args)
