@@ -125,7 +125,7 @@ def load_model(
     from transformers import AutoTokenizer
 
     from verispec.models.default import RUNTIMES, make_target
-    from verispec.models.runtime import default_dtype
+    from verispec.models.cpu_features import default_dtype
 
     if runtime not in RUNTIMES:
         raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
