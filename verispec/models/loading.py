@@ -13,7 +13,7 @@ causal LM on disk (no hub is contacted):
   :func:`~verispec.models.default.load_default_model`'s cache). Its tokenizer comes from
   the file's own metadata unless ``tokenizer`` names one.
 
-The loaded model is wrapped by :func:`~verispec.models.default.make_target`: the fast
+The loaded model is wrapped by :func:`~verispec.models.target.make_target`: the fast
 runtime where it covers the architecture, else the Hugging Face adapter.
 """
 
@@ -30,6 +30,8 @@ from verispec.core import paths
 from verispec.core.notices import notice
 from verispec.errors import ConfigError, ModelFileError
 from verispec.models import gguf
+from verispec.models.cpu_features import default_dtype
+from verispec.models.target import RUNTIMES, make_target
 
 __all__ = ["load_model", "model_source"]
 
@@ -123,9 +125,6 @@ def load_model(
             converted copy of a GGUF file is converted again (once).
     """
     from transformers import AutoTokenizer
-
-    from verispec.models.default import RUNTIMES, make_target
-    from verispec.models.cpu_features import default_dtype
 
     if runtime not in RUNTIMES:
         raise ConfigError(f"`runtime` must be one of {RUNTIMES}; got {runtime!r}.")
