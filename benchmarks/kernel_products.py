@@ -19,8 +19,8 @@ import time
 
 import torch
 
+from verispec.models.cpu_features import cpu_features
 from verispec.models.cpu_linear import FORMATS, library, quantize_blocks, recover_blocks
-from verispec.models.runtime import cpu_features
 
 LAYER_SHAPES = {"qkv": (960, 576), "o": (576, 576), "w13": (3072, 576), "w2": (576, 1536)}
 HEAD_SHAPE = (49152, 576)

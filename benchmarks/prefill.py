@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from verispec.core import DraftTree
+from verispec.models.cpu_features import cpu_features
 from verispec.models.default import load_default_model
-from verispec.models.runtime import cpu_features
 
 
 def first_token_ours(model: Any, ids: torch.Tensor) -> tuple[int, float]:

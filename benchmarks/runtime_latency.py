@@ -46,8 +46,9 @@ import torch
 from verispec.bench.records import machine_info, write_json, write_text
 from verispec.core.tree import DraftTree
 from verispec.drafters.budget import measure_latency
+from verispec.models.cpu_features import bf16_supported
 from verispec.models.default import load_default_model
-from verispec.models.runtime import bf16_supported
+from verispec.models.hf import HFModel
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)  # new tokens per forward
 QUICK_SIZES = (1, 2, 8, 16, 32)
@@ -77,7 +78,7 @@ def streamed_bytes(model: Any, context: int) -> int:
     per_layer += 3 * hidden * inner
     weights = (layers * per_layer + config.vocab_size * hidden) * itemsize
     cache_itemsize = 4 if model.dtype in (torch.bfloat16, torch.float16) else itemsize
-    if type(model).__name__ == "HFModel":
+    if isinstance(model, HFModel):
         cache_itemsize = itemsize
     cache = 2 * layers * kv_heads * head_dim * context * cache_itemsize
     return weights + cache

@@ -25,6 +25,7 @@ from verispec.models.cpu_linear import (
     quantize_blocks,
     recover_blocks,
 )
+from verispec.models.llama import AttentionKernel, PassInputs
 from verispec.models.runtime import PROMPT_PASS_TOKENS
 
 available, why = kernel_status()
@@ -249,9 +250,9 @@ def test_a_prefill_skips_the_last_layers_rows_and_caches_the_same_bits(
     skipped = [(k.clone(), v.clone()) for k, v in model.kv_cache()]
     ran = {"blocks": 0}
 
-    def full_pass(self, x, cos, sin, caches, where, local_mask, layers):  # type: ignore[no-untyped-def]
+    def full_pass(self, x, inputs, caches, layers):  # type: ignore[no-untyped-def]
         ran["blocks"] += 1
-        return self._blocks(x, cos, sin, caches, where, local_mask, layers)[:0]
+        return self._blocks(x, inputs, caches, layers)[:0]
 
     monkeypatch.setattr(Transformer, "_write_caches", full_pass)
     model.prefill(prompt)
@@ -391,15 +392,15 @@ def test_c_layers_equal_the_torch_blocks(queries: int) -> None:
             cache.k.normal_(generator=torch.Generator().manual_seed(seed))
             cache.v[..., :-1].normal_(generator=torch.Generator().manual_seed(100 + seed))
         ours, theirs = caches[: len(subset)], caches[len(subset) :]
-        got = kernel.subset(subset)(x, cos, sin, ours, where, mask)
+        got = kernel.subset(subset)(x, PassInputs(cos, sin, where, mask), ours)
         expected = x
         for i, cache in zip(subset, theirs, strict=True):
             block = transformer.blocks[i]
-            block.attention.cpu_kernel = False
+            block.attention.kernel = AttentionKernel.TORCH
             try:
-                expected = block(expected, cos, sin, cache, where, mask)
+                expected = block(expected, PassInputs(cos, sin, where, mask), cache)
             finally:
-                block.attention.cpu_kernel = True
+                block.attention.kernel = AttentionKernel.C
         assert (got - expected).abs().max().item() < 1e-4 * expected.abs().max().item()
         for a, b in zip(ours, theirs, strict=True):
             assert (a.k - b.k).abs().max().item() < 1e-4
@@ -413,8 +414,9 @@ def test_c_layers_read_replaced_weights() -> None:
     model = blocks_model()
     kernel = model.transformer.cpu_layers.subset([1])
     x, cos, sin, where, mask = _layer_inputs(model, 2, seed=0)
+    inputs = PassInputs(cos, sin, where, mask)
     caches = model.transformer.setup_caches(64, num_layers=1)
-    before = kernel(x, cos, sin, caches, where, mask)
+    before = kernel(x, inputs, caches)
     down = model.transformer.blocks[1].feed_forward.w2
     original = down.blocks
     try:
@@ -422,8 +424,8 @@ def test_c_layers_read_replaced_weights() -> None:
         replacement = BlockLinear.from_linear(other, ("q4_1",))
         assert replacement is not None
         down.blocks = replacement.blocks
-        after = kernel(x, cos, sin, caches, where, mask)
+        after = kernel(x, inputs, caches)
     finally:
         down.blocks = original
     assert not torch.equal(before, after)
-    assert torch.equal(kernel(x, cos, sin, caches, where, mask), before)
+    assert torch.equal(kernel(x, inputs, caches), before)

@@ -15,7 +15,7 @@ from verispec.core import DraftTree
 from verispec.errors import ConfigError
 from verispec.models import FastModel, tiny_model
 from verispec.models._graphs import GraphedForward
-from verispec.models.runtime import BUCKETS
+from verispec.models.buckets import BUCKETS
 
 V = 64
 

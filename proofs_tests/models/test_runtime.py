@@ -25,13 +25,10 @@ from verispec.core import DraftTree
 from verispec.errors import ConfigError, UnsupportedModelError
 from verispec.models import FastModel, HFModel, tiny_model
 from verispec.models.cpu_attention import cpu_attention_available
+from verispec.models.cpu_features import bf16_supported, default_dtype
 from verispec.models.default import make_target
-from verispec.models.runtime import (
-    PackedLinear,
-    bf16_supported,
-    default_dtype,
-    row_invariant_kernels,
-)
+from verispec.models.invariance import row_invariant_kernels
+from verispec.models.onednn import PackedLinear
 from verispec.verifiers import Greedy
 
 EXACT = 1e-9
@@ -148,7 +145,7 @@ def test_a_deep_chain_across_a_value_block_is_bitwise_sequential() -> None:
 def test_probe_detects_row_dependent_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """row_invariant_kernels reports False when products' rows depend on the row count: here
     the projections replaced by MKL's float32 product, which is not row-invariant."""
-    import verispec.models.runtime as runtime
+    import verispec.models.invariance as invariance
 
     def mkl_forward(self: PackedLinear, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, self.weight)
@@ -159,7 +156,7 @@ def test_probe_detects_row_dependent_kernels(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(PackedLinear, "forward", mkl_forward)
     monkeypatch.setattr(PackedLinear, "__init__", init)
-    monkeypatch.setattr(runtime, "_INVARIANT", {})
+    monkeypatch.setattr(invariance, "_INVARIANT", {})
     assert row_invariant_kernels(torch.float32) is False
 
 

@@ -198,7 +198,8 @@ class EngineRunner:
     def run(self, prompt_ids: Sequence[int], config: GenerationParams) -> TurnResult:
         config = attrs.evolve(config, eos_token_ids=self.context.stop_ids(config) or None)
         attention: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-        if type(self.context.target).__name__ == "HFModel" and self.context.hf_model is not None:
+        hf_attention = getattr(self.context.target, "runs_hf_attention", False)
+        if hf_attention and self.context.hf_model is not None:
             from verispec.kernels.hf_attention import tree_attention_where_supported
 
             attention = tree_attention_where_supported(self.context.hf_model)

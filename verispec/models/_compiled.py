@@ -2,16 +2,20 @@
 
 :class:`CompiledForward` compiles :meth:`Transformer.forward
 <verispec.models.llama.Transformer.forward>` once per bucket of new-token counts
-(:data:`~verispec.models.runtime.BUCKETS`: a pass of Q tokens runs in the smallest
+(:data:`~verispec.models.buckets.BUCKETS`: a pass of Q tokens runs in the smallest
 bucket that holds it, the extra rows masked), so each compiled graph has static shapes.
-Two parts stay outside the graphs, as opaque custom operators that call the eager code:
+Two parts stay outside the graphs, as opaque custom operators that call the eager code,
+each registered by the module that uses it:
 
-* ``verispec::packed_linear`` — the oneDNN product with a prepacked weight
-  (:class:`~verispec.models.runtime.PackedLinear`); inductor's own prepacking would pick
-  MKL for float32, which is slower here and whose rows depend on the row count;
-* ``verispec::cached_attention`` — :func:`~verispec.models.llama.attend`: the cache write
-  and the attention over the used slots, whose count changes every step. Its positions
-  travel in a tensor, so a new position does not recompile.
+* ``verispec::packed_linear`` (:mod:`verispec.models._linear_op`) — the oneDNN product
+  with a prepacked weight (:class:`~verispec.models.onednn.PackedLinear`; inductor's own
+  prepacking would pick MKL for float32, which is slower here and whose rows depend on
+  the row count) or the block kernel's; the runtime registers each such module's key;
+* ``verispec::cached_attention`` (:mod:`verispec.models.llama`, the attention kernel
+  ``AttentionKernel.OPAQUE`` that the runtime sets when it compiles) —
+  :func:`~verispec.models.llama.attend`: the cache write and the attention over the used
+  slots, whose count changes every step. Its positions travel in a tensor, so a new
+  position does not recompile.
 
 What inductor compiles and fuses is the rest: the embedding, RMSNorm, the rotary
 embedding, residuals, SwiGLU and the casts around the bfloat16 products. The cache is
@@ -27,58 +31,21 @@ themselves (a draft model growing a tree with ``extend_from``) run eagerly.
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from verispec.core.paths import cache_dir
-from verispec.models.llama import KVCache, Transformer, attend
-from verispec.models.runtime import BUCKETS, BucketedForward
+from verispec.models.buckets import BUCKETS, BucketedForward
+from verispec.models.llama import KVCache, Transformer
 
-__all__ = ["CompiledForward", "register_linear"]
+__all__ = ["COMPILED_CAPACITY", "CompiledForward"]
 
-_LINEARS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-_KEYS = itertools.count()
-
-
-def register_linear(linear: Any) -> int:
-    """A key under which ``verispec::packed_linear`` finds ``linear`` (held weakly)."""
-    key = next(_KEYS)
-    _LINEARS[key] = linear
-    return key
-
-
-@torch.library.custom_op("verispec::packed_linear", mutates_args=())
-def _packed_linear(x: torch.Tensor, key: int) -> torch.Tensor:
-    return _LINEARS[key].eager(x)
-
-
-@_packed_linear.register_fake
-def _(x: torch.Tensor, key: int) -> torch.Tensor:
-    return x.new_empty((x.shape[0], _LINEARS[key].out_features))
-
-
-@torch.library.custom_op("verispec::cached_attention", mutates_args=("cache_k", "cache_v"))
-def _cached_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
-    where: torch.Tensor,
-    local_mask: torch.Tensor,
-) -> torch.Tensor:
-    return attend(q, k, v, cache_k, cache_v, where, local_mask)
-
-
-@_cached_attention.register_fake
-def _(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
-    return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))  # (Q, H * D)
+COMPILED_CAPACITY = 4096
+"""Slots of compiled mode's first cache allocation (a new capacity recompiles)."""
 
 
 def inductor_cache_dir() -> Path:
@@ -93,10 +60,13 @@ class CompiledForward(BucketedForward):
         setup_s: seconds spent compiling (or loading from the disk cache) so far.
     """
 
+    name = "compiled"
+    capacity_cap = COMPILED_CAPACITY
+
     def __init__(self, transformer: Transformer) -> None:
         super().__init__(transformer)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
-        import torch._dynamo
+        import torch._dynamo  # here, not at the top: importing it costs a second
 
         # One graph per bucket and per layer choice (a self-draft is another graph).
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)

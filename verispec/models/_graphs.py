@@ -4,14 +4,14 @@ On a GPU a step of a small model is a few hundred kernel launches; replaying the
 CUDA graph removes the launch overhead. A graph replays fixed kernels on fixed
 addresses, so everything that changes from step to step lives in static buffers that
 are overwritten before each replay: the token ids, their positions, the first cache
-slot (a 0-d tensor on the device) and the ``(Q, Q)`` mask among the new tokens. The
-attention core for this mode is :func:`~verispec.models.llama.attend_static`: it
-writes the cache with ``index_copy_`` at device-side slots and attends to the whole
-cache with a mask built on the device, so no shape depends on the step and nothing is
-read on the host. The cache is allocated once at its full size (a graph holds its
-addresses).
+slot (a 0-d tensor on the device) and the ``(Q, Q)`` mask among the new tokens. These
+passes are ``PassKind.STATIC`` passes, whose attention core is
+:func:`~verispec.models.llama.attend_static`: it writes the cache with ``index_copy_`` at
+device-side slots and attends to the whole cache with a mask built on the device, so no
+shape depends on the step and nothing is read on the host. The cache is allocated once at
+its full size (a graph holds its addresses).
 
-One graph is captured per bucket of new-token counts (:data:`~verispec.models.runtime.BUCKETS`)
+One graph is captured per bucket of new-token counts (:data:`~verispec.models.buckets.BUCKETS`)
 and per layer choice (a self-draft is another graph), on first use or all at once by
 :meth:`GraphedForward.warm_up`. Passes that are not a bucket's shape (a draft model
 growing its tree with ``extend_from``) run eagerly.
@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from verispec.models.llama import KVCache, Transformer
-from verispec.models.runtime import BUCKETS, BucketedForward
+from verispec.models.buckets import BUCKETS, BucketedForward
+from verispec.models.llama import KVCache, PassKind, Transformer
 
 __all__ = ["GraphedForward"]
 
@@ -51,6 +51,9 @@ class GraphedForward(BucketedForward):
     Attributes:
         setup_s: seconds spent capturing so far.
     """
+
+    name = "cuda-graphs"
+    capacity_cap = None  # a graph holds the cache's addresses: allocated once, whole
 
     def __init__(self, transformer: Transformer, *, capture: bool = True) -> None:
         super().__init__(transformer)
@@ -92,8 +95,9 @@ class GraphedForward(BucketedForward):
 
     def _run(self, entry: _Graph, caches: list[KVCache], layers: Any) -> torch.Tensor:
         return self.transformer(
-            entry.tokens, entry.positions, caches, entry.start, entry.mask, layers
-        )
+            entry.tokens, entry.positions, caches, entry.start, entry.mask, layers,
+            kind=PassKind.STATIC,
+        )  # fmt: skip
 
     def _capture(self, entry: _Graph, caches: list[KVCache], layers: Any) -> None:
         start = time.perf_counter()

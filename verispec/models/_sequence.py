@@ -26,6 +26,7 @@ from __future__ import annotations
 import abc
 import itertools
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 
@@ -72,6 +73,9 @@ class TreeSequenceModel(abc.ABC):
     max_length: int
     device: torch.device
     runtime_note: str = ""  # which model class runs the forward, and why (set by make_target)
+    # The forward is a transformers model's, whose attention interface can take verispec's
+    # tree attention (HFModel): the benchmark swaps it in where the kernels run.
+    runs_hf_attention: ClassVar[bool] = False
 
     def _init_sequence(self) -> None:
         self._cached = 0  # cache entries that belong to committed tokens

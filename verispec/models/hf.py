@@ -29,6 +29,7 @@ import torch
 
 from verispec.core.validate import integer
 from verispec.errors import ConfigError
+from verispec.kernels.hf_attention import register
 from verispec.models._cache import TreeKVCache
 from verispec.models._sequence import TreeSequenceModel, layer_indices
 
@@ -77,6 +78,8 @@ class HFModel(TreeSequenceModel):
     Logits are returned in the model's dtype, upcast to float32 for float16/bfloat16.
     """
 
+    runs_hf_attention = True
+
     def __init__(
         self,
         hf_model: Any,
@@ -95,8 +98,6 @@ class HFModel(TreeSequenceModel):
                     f"`attention` must be one of {_SUPPORTED_ATTENTION}; got {attention!r}."
                 )
             if attention == "verispec":
-                from verispec.kernels.hf_attention import register
-
                 register()  # Triton tree attention on CUDA, sdpa elsewhere (warns once)
             hf_model.set_attn_implementation(attention)
         attention = getattr(self.config, "_attn_implementation", None) or "eager"

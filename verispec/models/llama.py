@@ -24,8 +24,17 @@ and a draft tree's nodes. They see every committed slot and, among the last slot
 what a boolean ``local_mask`` allows (causal for the pending tokens, ancestors for
 tree nodes).
 
+What one forward reads besides the hidden states and the caches travels through the
+blocks as one record, :class:`PassInputs` (the rotary rows, the cache slots, the mask and
+the pass's kind), as gpt-fast passes ``input_pos``, ``freqs_cis`` and ``mask``. Which
+attention kernel runs is decided outside the forward: each :class:`Attention` holds the
+kernel of its ordinary passes (:class:`AttentionKernel`: torch operators, the C kernel,
+or an opaque operator for compiled graphs), set once by the runtime when it is built, and
+a pass whose inputs are of another kind says so in :attr:`PassInputs.kind` (a prompt's
+prefill, a CUDA graph's static pass).
+
 What makes it fast (weights prepacked for oneDNN, static shapes per tree-size
-bucket, ``torch.compile``) is wrapped around this module in
+bucket, ``torch.compile``, kernels in C) is wrapped around this module by
 :mod:`verispec.models.runtime`, switchable off; this forward stays the reference.
 
 Numerics: float32 and float64 run in their own dtype. With bfloat16 (or float16)
@@ -40,8 +49,9 @@ D head dim, E model width, F feed-forward width, V vocabulary.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import attrs
 import torch
@@ -49,29 +59,72 @@ from torch import nn
 from torch.nn import functional as F
 
 from verispec.errors import UnsupportedModelError
-from verispec.models._prompt import in_prompt_pass, prompt_pass
 from verispec.models.cpu_attention import attend_cpu
+from verispec.models.cpu_linear import BlockLinear
+from verispec.models.invariance import VALUE_BLOCK, min_tokens
 
 __all__ = [
-    "MIN_PRODUCT_ROWS",
-    "VALUE_BLOCK",
+    "AttentionKernel",
     "KVCache",
     "ModelArgs",
+    "PassInputs",
+    "PassKind",
     "Transformer",
     "attend",
+    "attend_prompt",
     "attend_static",
     "from_hf",
-    "min_tokens",
 ]
 
 _ARCHITECTURES = {"llama", "qwen2", "mistral"}
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables independent of length
 
-VALUE_BLOCK = 128
-"""Keys per block of the attention's value product (see :func:`attend`)."""
-MIN_PRODUCT_ROWS = 4
-"""The fewest rows a product runs on: from there on, a row's result does not depend on the
-row count (checked by :func:`verispec.models.runtime.row_invariant_kernels`)."""
+
+class PassKind(enum.Enum):
+    """What kind of pass a forward is, which decides its attention kernel (and, for a prompt,
+    its products): the caller that builds the pass names it."""
+
+    TREE = "tree"
+    """Pending tokens and tree nodes: every row row-invariant; the attention is each
+    :class:`Attention`'s own :attr:`~Attention.kernel`."""
+    PROMPT = "prompt"
+    """A prompt's causal prefill chunk: kernels made for many rows, not row-invariant
+    (:func:`attend_prompt`, the block products' float32 GEMM). Every decoding method
+    prefills alike, and the first token comes from the next tree pass's root row."""
+    STATIC = "static"
+    """A CUDA graph's pass: ``where`` is a 0-d start on the device, the mask ``(Q, Q)``
+    (:func:`attend_static`)."""
+
+
+class AttentionKernel(enum.Enum):
+    """The attention core of an :class:`Attention`'s tree passes, chosen once by the runtime."""
+
+    TORCH = "torch"
+    """:func:`attend`: torch operators, the reference."""
+    C = "c"
+    """:func:`~verispec.models.cpu_attention.attend_cpu`: one C call (CPU, float32, eager)."""
+    OPAQUE = "opaque"
+    """``verispec::cached_attention``: :func:`attend` as one opaque operator, so that
+    ``torch.compile`` keeps it out of its graphs (its slot count changes every step)."""
+
+
+class PassInputs(NamedTuple):
+    """What every layer of one forward reads besides its input and its cache (built once
+    per pass by :meth:`Transformer.forward`)."""
+
+    cos: torch.Tensor
+    """The rotary table's rows of the pass's positions, Shape: (Q, D)."""
+    sin: torch.Tensor
+    """As ``cos``, for the sines."""
+    where: torch.Tensor
+    """int64 ``[start, length]``: the new entries go to slots ``[start, start + Q)`` and the
+    tokens attend to slots ``[0, length)``; for a ``STATIC`` pass a 0-d ``start`` on the
+    device (the whole cache is attended)."""
+    local_mask: torch.Tensor
+    """bool, Shape: (Q, W): which of the W slots before ``start + Q`` each token sees (every
+    earlier slot is seen, every later one is not)."""
+    kind: PassKind = PassKind.TREE
+    """The kind of pass (:class:`PassKind`)."""
 
 
 @attrs.frozen
@@ -205,7 +258,7 @@ def attend(
     a column of ones), whose accumulation runs over the block's slots in order, and the
     blocks' sums are added in the order sequential decoding adds them
     (:func:`_weighted_values`). Where the CPU's kernels have those properties (checked by
-    :func:`verispec.models.runtime.row_invariant_kernels`), a tree node's logits equal, bit
+    :func:`verispec.models.invariance.row_invariant_kernels`), a tree node's logits equal, bit
     for bit, those of decoding its path one token at a time (see docs/runtime.rst).
     """
     start, length = (int(i) for i in where.tolist())
@@ -233,6 +286,28 @@ def attend(
     summed = _weighted_values(weights, values, local_mask, start, groups)  # (Hkv, G * Q, D + 1)
     out = (summed[..., :head_dim] / summed[..., head_dim:]).view(kv_heads, groups, q_len, -1)
     return out.permute(2, 0, 1, 3).reshape(q_len, heads * head_dim)
+
+
+@torch.library.custom_op("verispec::cached_attention", mutates_args=("cache_k", "cache_v"))
+def _cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    where: torch.Tensor,
+    local_mask: torch.Tensor,
+) -> torch.Tensor:
+    return attend(q, k, v, cache_k, cache_v, where, local_mask)
+
+
+@_cached_attention.register_fake
+def _(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+    return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))  # (Q, H * D)
+
+
+CACHED_ATTENTION = torch.ops.verispec.cached_attention
+""":func:`attend` as an opaque operator (``AttentionKernel.OPAQUE``), same arguments."""
 
 
 def _weighted_values(
@@ -278,16 +353,9 @@ def _weighted_values(
 
 def _padded_rows(groups: int, q_len: int) -> int:
     """Rows the attention's products run on for ``q_len`` tokens of ``groups`` query heads
-    per key/value head: at least :data:`MIN_PRODUCT_ROWS`, in whole tokens (zero rows added
-    and dropped), so that a row's bits do not depend on the pass's size."""
+    per key/value head: :func:`~verispec.models.invariance.min_tokens` tokens at least (zero
+    rows added and dropped), so that a row's bits do not depend on the pass's size."""
     return max(q_len, min_tokens(groups)) * groups
-
-
-def min_tokens(groups: int) -> int:
-    """The fewest tokens a pass's products run on (the rest padded): two, and at least
-    :data:`MIN_PRODUCT_ROWS` rows of the attention's products for ``groups`` query heads per
-    key/value head. oneDNN's projections need two rows; the attention pads itself."""
-    return max(2, -(-MIN_PRODUCT_ROWS // groups))
 
 
 def _resum_straddling_rows(
@@ -380,19 +448,6 @@ def attend_static(
     return out.permute(2, 0, 1, 3).reshape(q_len, heads * head_dim)
 
 
-def _attend(*args: torch.Tensor, cpu: bool = False) -> torch.Tensor:
-    """:func:`attend`, or the C attention (``cpu``, :func:`attend_cpu`) in eager passes;
-    :func:`attend_static` when ``where`` is a 0-d tensor (CUDA graphs); the opaque operator
-    that calls :func:`attend` inside a compiled graph."""
-    if args[5].dim() == 0:
-        return attend_static(*args)
-    if torch.compiler.is_compiling():
-        return torch.ops.verispec.cached_attention(*args)  # see verispec.models._compiled
-    if in_prompt_pass():
-        return attend_prompt(*args)
-    return attend_cpu(*args) if cpu else attend(*args)
-
-
 def attend_prompt(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -407,7 +462,7 @@ def attend_prompt(
     (PyTorch's flash attention on the CPU: 2-3x the C attention's speed on a prompt; with
     no earlier slots its own causal masking, which skips the masked blocks: another 2x at
     4,096 tokens). Its rows depend on the kernel's blocking, so it serves prefill only
-    (:mod:`verispec.models._prompt`)."""
+    (``PassKind.PROMPT``)."""
     start = int(where[0])
     q_len, heads, head_dim = q.shape
     write_prompt_cache(k, v, cache_k, cache_v, start)
@@ -439,7 +494,12 @@ def write_prompt_cache(
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with rotary positions over the used cache slots (:func:`attend`)."""
+    """Grouped-query attention with rotary positions over the used cache slots (:func:`attend`).
+
+    Attributes:
+        kernel: the attention core of its tree passes (:class:`AttentionKernel`), set once
+            by the runtime when it is built; ``TORCH`` unless set.
+    """
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -447,57 +507,44 @@ class Attention(nn.Module):
         q_width, kv_width = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
         self.wqkv = nn.Linear(args.dim, q_width + 2 * kv_width, bias=args.qkv_bias)
         self.wo = nn.Linear(q_width, args.dim, bias=args.o_bias)
-        self.cpu_kernel = False  # FastModel sets it: attention in one C call (cpu_attention)
+        self.kernel = AttentionKernel.TORCH
         # The softmax scale 1/sqrt(D) is folded into the query rows of ``wqkv`` (from_hf).
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: KVCache,
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
-    ) -> torch.Tensor:
-        """x: (Q, E); cos, sin: (Q, D); ``where`` and ``local_mask`` as for :func:`attend`."""
+    def forward(self, x: torch.Tensor, inputs: PassInputs, cache: KVCache) -> torch.Tensor:
+        """x: Shape: (Q, E); ``inputs``: the pass's (:class:`PassInputs`)."""
         q_len = x.shape[0]
         heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = _matmul(self.wqkv, x)
-        qk = _rope(qkv[:, : (heads + kv_heads) * head_dim].view(q_len, -1, head_dim), cos, sin)
+        qkv = _matmul(self.wqkv, x, inputs.kind)
+        qk = qkv[:, : (heads + kv_heads) * head_dim].view(q_len, -1, head_dim)
+        qk = _rope(qk, inputs.cos, inputs.sin)
         v = qkv[:, (heads + kv_heads) * head_dim :].view(q_len, kv_heads, head_dim)
-        out = _attend(
-            qk[:, :heads],
-            qk[:, heads:],
-            v,
-            cache.k,
-            cache.v,
-            where,
-            local_mask,
-            cpu=self.cpu_kernel,
-        )
-        return _matmul(self.wo, out)
+        args = (qk[:, :heads], qk[:, heads:], v, cache.k, cache.v, inputs.where, inputs.local_mask)
+        if inputs.kind is PassKind.PROMPT:
+            out = attend_prompt(*args)
+        elif inputs.kind is PassKind.STATIC:
+            out = attend_static(*args)
+        elif self.kernel is AttentionKernel.C:
+            out = attend_cpu(*args)
+        elif self.kernel is AttentionKernel.OPAQUE:
+            out = CACHED_ATTENTION(*args)
+        else:
+            out = attend(*args)
+        return _matmul(self.wo, out, inputs.kind)
 
-    def write_cache(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: KVCache,
-        where: torch.Tensor,
-    ) -> None:
+    def write_cache(self, x: torch.Tensor, inputs: PassInputs, cache: KVCache) -> None:
         """A prompt pass's keys and values of ``x`` to the cache, and nothing else: what the
         last layer of a prefill chunk whose rows nobody reads must do (the same bits as
         :meth:`forward` writes there)."""
         q_len = x.shape[0]
         heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = _matmul(self.wqkv, x)
+        qkv = _matmul(self.wqkv, x, inputs.kind)
         k = _rope(
             qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(q_len, -1, head_dim),
-            cos,
-            sin,
+            inputs.cos,
+            inputs.sin,
         )
         v = qkv[:, (heads + kv_heads) * head_dim :].view(q_len, kv_heads, head_dim)
-        write_prompt_cache(k, v, cache.k, cache.v, int(where[0]))
+        write_prompt_cache(k, v, cache.k, cache.v, int(inputs.where[0]))
 
 
 class FeedForward(nn.Module):
@@ -509,9 +556,9 @@ class FeedForward(nn.Module):
         self.w13 = nn.Linear(args.dim, 2 * args.hidden_dim, bias=args.mlp_bias)
         self.w2 = nn.Linear(args.hidden_dim, args.dim, bias=args.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = _matmul(self.w13, x).split(self.hidden_dim, -1)
-        return _matmul(self.w2, F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, kind: PassKind = PassKind.TREE) -> torch.Tensor:
+        gate, up = _matmul(self.w13, x, kind).split(self.hidden_dim, -1)
+        return _matmul(self.w2, F.silu(gate) * up, kind)
 
 
 class Block(nn.Module):
@@ -524,28 +571,14 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: KVCache,
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
-    ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, cache, where, local_mask)
-        return h + self.feed_forward(self.ffn_norm(h))
+    def forward(self, x: torch.Tensor, inputs: PassInputs, cache: KVCache) -> torch.Tensor:
+        """x: Shape: (Q, E), the layer's input; returns its output, same shape."""
+        h = x + self.attention(self.attention_norm(x), inputs, cache)
+        return h + self.feed_forward(self.ffn_norm(h), inputs.kind)
 
-    def write_cache(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: KVCache,
-        where: torch.Tensor,
-    ) -> None:
+    def write_cache(self, x: torch.Tensor, inputs: PassInputs, cache: KVCache) -> None:
         """Only the keys and values of ``x`` to the cache (:meth:`Attention.write_cache`)."""
-        self.attention.write_cache(self.attention_norm(x), cos, sin, cache, where)
+        self.attention.write_cache(self.attention_norm(x), inputs, cache)
 
 
 class Transformer(nn.Module):
@@ -566,7 +599,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        # FastModel sets it: every layer in one C call a forward (verispec.models.cpu_layer)
+        # FastModel sets it: every layer of a tree pass in one C call (models.cpu_layer)
         self.cpu_layers: Any = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)  # (positions, D)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
@@ -602,7 +635,7 @@ class Transformer(nn.Module):
         local_mask: torch.Tensor,
         layers: tuple[int, ...] | None = None,
         *,
-        prompt: bool = False,
+        kind: PassKind = PassKind.TREE,
         cache_only: bool = False,
     ) -> torch.Tensor:
         """The final-normed hidden states of ``tokens``.
@@ -611,68 +644,54 @@ class Transformer(nn.Module):
             tokens: int64, Shape: (Q,).
             positions: int64, Shape: (Q,); the rotary position of each token.
             caches: one per decoder layer run.
-            where: int64 ``[start, length]``: the new entries go to slots
-                ``[start, start + Q)``; the tokens attend to slots ``[0, length)``. A 0-d
-                tensor ``start`` (on the device) attends to the whole cache instead, with
-                static shapes and no host read (:func:`attend_static`, CUDA graphs).
-            local_mask: bool, Shape: (Q, W): which of the W slots before ``start + Q`` each
-                token sees (every earlier slot is seen, every later one is not).
+            where, local_mask, kind: as for :class:`PassInputs` (``where`` a 0-d tensor
+                for a ``STATIC`` pass).
             layers: run only these decoder layers, in order (a self-draft); all if None.
-            prompt: a prompt's causal pass (prefill), with kernels made for many rows
-                whose rows are not row-invariant (:mod:`verispec.models._prompt`): every
-                decoding method prefills alike; tree passes never set it.
-            cache_only: with ``prompt``, a pass whose rows nobody reads (a prefill chunk
-                before the root): it writes every layer's keys and values and skips what
-                only the rows need, the last layer's attention and feed-forward and the
-                final norm, and returns Shape: (0, E). The cache holds the same bits.
+            cache_only: with ``kind=PassKind.PROMPT``, a pass whose rows nobody reads (a
+                prefill chunk before the root): it writes every layer's keys and values and
+                skips what only the rows need, the last layer's attention and feed-forward
+                and the final norm, and returns Shape: (0, E). The cache holds the same bits.
 
         Returns:
             Shape: (Q, E), in the compute dtype.
         """
         x = self.tok_embeddings(tokens).to(self.compute_dtype)  # (Q, E)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        if prompt:
-            with prompt_pass():
-                if cache_only:
-                    return self._write_caches(x, cos, sin, caches, where, local_mask, layers)
-                return self._blocks(x, cos, sin, caches, where, local_mask, layers)
-        if self.cpu_layers is not None and not torch.compiler.is_compiling():
+        inputs = PassInputs(
+            self.rope_cos[positions], self.rope_sin[positions], where, local_mask, kind
+        )
+        if cache_only:
+            return self._write_caches(x, inputs, caches, layers)
+        if kind is PassKind.TREE and self.cpu_layers is not None:
             kernel = self.cpu_layers if layers is None else self.cpu_layers.subset(layers)
-            return self.norm(kernel(x, cos, sin, caches, where, local_mask))
-        return self._blocks(x, cos, sin, caches, where, local_mask, layers)
+            return self.norm(kernel(x, inputs, caches))
+        return self._blocks(x, inputs, caches, layers)
 
     def _blocks(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        inputs: PassInputs,
         caches: list[KVCache],
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
         layers: tuple[int, ...] | None,
     ) -> torch.Tensor:
         """The decoder layers one module at a time, then the final norm."""
         blocks = self.blocks if layers is None else [self.blocks[i] for i in layers]
         for block, cache in zip(blocks, caches, strict=True):
-            x = block(x, cos, sin, cache, where, local_mask)
+            x = block(x, inputs, cache)
         return self.norm(x)
 
     def _write_caches(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        inputs: PassInputs,
         caches: list[KVCache],
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
         layers: tuple[int, ...] | None,
     ) -> torch.Tensor:
         """:meth:`_blocks` for a pass whose rows nobody reads: the last layer writes only
         its keys and values (its output would feed nothing but the rows)."""
         blocks = self.blocks if layers is None else [self.blocks[i] for i in layers]
         for block, cache in zip(blocks[:-1], caches[:-1], strict=True):
-            x = block(x, cos, sin, cache, where, local_mask)
-        blocks[-1].write_cache(x, cos, sin, caches[-1], where)
+            x = block(x, inputs, cache)
+        blocks[-1].write_cache(x, inputs, caches[-1])
         return x[:0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -681,8 +700,12 @@ class Transformer(nn.Module):
         return out if out.dtype == torch.float64 else out.float()
 
 
-def _matmul(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``linear(x)``, rounding ``x`` to the weights' dtype and the result back (half weights)."""
+def _matmul(linear: nn.Module, x: torch.Tensor, kind: PassKind = PassKind.TREE) -> torch.Tensor:
+    """``linear(x)``, rounding ``x`` to the weights' dtype and the result back (half weights);
+    in a prompt pass, a block product's float32 GEMM (:meth:`BlockLinear.widened
+    <verispec.models.cpu_linear.BlockLinear.widened>`)."""
+    if kind is PassKind.PROMPT and isinstance(linear, BlockLinear):
+        return linear.widened(x)  # float32 in, float32 out
     weight_dtype = cast(torch.dtype, getattr(linear, "weight_dtype", None) or linear.weight.dtype)
     if weight_dtype == x.dtype:
         return linear(x)

@@ -13,7 +13,7 @@ causal LM on disk (no hub is contacted):
   :func:`~verispec.models.default.load_default_model`'s cache). Its tokenizer comes from
   the file's own metadata unless ``tokenizer`` names one.
 
-The loaded model is wrapped by :func:`~verispec.models.default.make_target`: the fast
+The loaded model is wrapped by :func:`~verispec.models.target.make_target`: the fast
 runtime where it covers the architecture, else the Hugging Face adapter.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -30,9 +30,8 @@ from verispec.core import paths
 from verispec.core.notices import notice
 from verispec.errors import ConfigError, ModelFileError
 from verispec.models import gguf
-
-if TYPE_CHECKING:
-    from verispec.models.default import DType, Runtime
+from verispec.models.cpu_features import default_dtype
+from verispec.models.target import DType, Runtime, check_dtype, check_runtime, make_target
 
 __all__ = ["load_model", "model_source"]
 
@@ -126,9 +125,6 @@ def load_model(
             converted copy of a GGUF file is converted again (once).
     """
     from transformers import AutoTokenizer
-
-    from verispec.models.default import check_dtype, check_runtime, make_target
-    from verispec.models.runtime import default_dtype
 
     check_runtime(runtime)
     dtype = check_dtype(dtype)

@@ -7,35 +7,38 @@ layer, the pending tokens and tree nodes written into their slots in place, a co
 that moves only the accepted nodes' entries, attention over the used slots only. No
 cache is allocated or copied per step (the buffers grow by doubling, rarely).
 
-What makes it fast is wrapped around the plain forward, in this module, each
-switchable off:
+What makes it fast is wrapped around the plain forward, each part in its own module and
+switchable off; :class:`FastModel` chooses them once, when it is built:
 
 * **Compiled buckets** (optional, ``compile=True``): the forward compiled with
-  ``torch.compile`` once per bucket of tree sizes (:mod:`verispec.models._compiled`);
-  :meth:`FastModel.warm_up` compiles them all up front and says how long it took.
+  ``torch.compile`` once per bucket of tree sizes (:mod:`verispec.models.buckets`,
+  :mod:`verispec.models._compiled`); :meth:`FastModel.warm_up` compiles them all up front
+  and says how long it took.
 * **GGUF blocks** (CPU, float32, ``weights="auto"``): every matrix that is exactly Q4_1 or
   Q8_0 blocks (a model dequantized from a GGUF file, as the embedded SmolLM2) is read as
   those blocks by a C kernel whose rows are invariant from one row up
   (:mod:`verispec.models.cpu_linear`): the same weights at a sixth of the bytes.
-* **Prepacked weights** (CPU, float32 and bfloat16): every other ``nn.Linear`` is replaced by
-  :class:`PackedLinear`, whose weight is reordered once into oneDNN's blocked layout.
-  On the CPUs measured, oneDNN's product is 1.5-3x faster than the default MKL one for
-  2 or more rows. oneDNN's results for a row do not depend on how many rows are
-  computed with it (checked for every projection shape of the model, see
-  docs/runtime.rst), so a token's logits are the same in a 1-node and a 60-node step;
-  single rows are padded to two, the smallest shape with that property in float32.
+* **Prepacked weights** (CPU, float32 and bfloat16): every other ``nn.Linear`` is replaced
+  by a :class:`~verispec.models.onednn.PackedLinear`, whose weight is reordered once into
+  oneDNN's blocked layout (:mod:`verispec.models.onednn`).
+* **The attention and the layers in C** (CPU, float32, eager, ``attention="auto"``): each
+  :class:`~verispec.models.llama.Attention`'s kernel is set here, once
+  (:class:`~verispec.models.llama.AttentionKernel`: C, torch operators, or the opaque
+  operator of compiled graphs), and where every product is a block one, all the layers
+  run as one C call (:mod:`verispec.models.cpu_attention`, :mod:`verispec.models.cpu_layer`).
 * **CUDA graphs** (on CUDA, by default): one captured forward per bucket, replayed
   (:mod:`verispec.models._graphs`). The same code runs on a GPU, without prepacking.
 
-bfloat16 is used only where the CPU multiplies it natively (AVX-512 BF16 or AMX):
-``dtype="auto"`` picks it there and float32 elsewhere (:func:`default_dtype`).
+How many rows each pass and product runs on, so that a token's logits are the same in a
+1-node and a 60-node step, is :mod:`verispec.models.invariance`'s rule. bfloat16 is used
+only where the CPU multiplies it natively (AVX-512 BF16 or AMX): ``dtype="auto"`` picks it
+there and float32 elsewhere (:func:`~verispec.models.cpu_features.default_dtype`).
 
 Shape glossary: N tree nodes, V vocabulary, Q fed tokens, E model width.
 """
 
 from __future__ import annotations
 
-import abc
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -46,262 +49,44 @@ from torch import nn
 from verispec.core.notices import waiting
 from verispec.core.validate import boolean, integer
 from verispec.errors import ConfigError
+from verispec.kernels.ops import compact_kv
+from verispec.models._compiled import CompiledForward
+from verispec.models._graphs import GraphedForward
+from verispec.models._linear_op import register_linear
 from verispec.models._sequence import TreeSequenceModel, layer_indices
+from verispec.models.buckets import BUCKETS, BucketedForward
 from verispec.models.cpu_attention import cpu_attention_available
+from verispec.models.cpu_features import default_dtype
 from verispec.models.cpu_layer import LayerKernel
 from verispec.models.cpu_linear import (
     BlockLinear,
     Format,
-    cpu_flags,
     kernel_status,
     quantize_blocks,
     source_id,
 )
-from verispec.models.llama import (
-    MIN_PRODUCT_ROWS,
+from verispec.models.invariance import (
     VALUE_BLOCK,
-    KVCache,
-    Transformer,
-    from_hf,
-    min_tokens,
+    min_pass_tokens,
+    min_product_rows,
+    row_invariant_kernels,
 )
+from verispec.models.llama import AttentionKernel, KVCache, PassKind, Transformer, from_hf
+from verispec.models.onednn import PackedLinear, can_prepack, prepack_linears
 
-__all__ = [
-    "BUCKETS",
-    "BucketedForward",
-    "FastModel",
-    "PackedLinear",
-    "bf16_supported",
-    "WEIGHTS",
-    "bucket_for",
-    "cpu_features",
-    "default_dtype",
-    "prepack_linears",
-    "row_invariant_kernels",
-]
-
-BUCKETS: tuple[int, ...] = (2, 4, 8, 12, 16, 20, 24, 32, 48, 64, 96, 128)
-"""New-token counts the compiled and graphed forwards are built for (one graph each): up to
-the largest trees the drafters send (80 nodes for Token Recycling's 2.2.2 template, 64 for
-``dtr:budget=auto``) with their root, so that every step of a generation runs a built graph;
-longer passes (prefill chunks, shared by every method) run eagerly."""
+__all__ = ["PROMPT_PASS_TOKENS", "WEIGHTS", "FastModel"]
 
 _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
-_COMPILED_CAPACITY = 4096  # compiled mode's first allocation (a new capacity recompiles)
 # Prompt tokens per prefill pass: bounds the activations (8,192 rows of the gate/up
 # product are 100 MB); the fused attention needs no score matrix.
 _PREFILL_CHUNK = 8192
 PROMPT_PASS_TOKENS = 32
 """A prefill chunk of at least this many tokens runs as a prompt pass
-(:mod:`verispec.models._prompt`): float32 GEMMs over the widened blocks and one fused
-attention call. Shorter ones run the tree kernels: widening a matrix costs about as much
-as a few rows of its product, and their rows stay equal to one-token decoding's."""
+(``PassKind.PROMPT``, :class:`~verispec.models.llama.PassKind`): float32 GEMMs over the
+widened blocks and one fused attention call. Shorter ones run the tree kernels: widening a
+matrix costs about as much as a few rows of its product, and their rows stay equal to
+one-token decoding's."""
 _SLOT_ALIGN = VALUE_BLOCK  # attended slots are padded to whole value blocks (see _feed_once)
-
-
-_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
-
-
-def cpu_features() -> list[str]:
-    """Which of the instruction sets that decide the matrix kernels this CPU reports.
-
-    Read from ``/proc/cpuinfo`` (Linux); empty elsewhere.
-    """
-    flags = cpu_flags()
-    return [name for name in _FEATURES if name in flags]
-
-
-def bucket_for(queries: int) -> int:
-    """The smallest bucket holding ``queries`` new tokens (past the last bucket: itself)."""
-    return next((size for size in BUCKETS if queries <= size), queries)
-
-
-class BucketedForward(abc.ABC):
-    """A forward built once per bucket (compiled, or captured as CUDA graphs) around the plain
-    :class:`~verispec.models.llama.Transformer`, which serves every other pass.
-
-    A pass has a bucket's shape when its Q new tokens fill a bucket and see only the
-    committed slots and each other (``local_mask`` is square): the target's steps and the
-    prefill. A draft model growing a tree (``extend_from``) sees more slots: it runs eagerly.
-
-    Attributes:
-        setup_s: seconds spent building (compiling or capturing) so far.
-    """
-
-    bucket = staticmethod(bucket_for)
-
-    def __init__(self, transformer: Transformer) -> None:
-        self.transformer = transformer
-        self.setup_s = 0.0
-
-    def __call__(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        caches: list[KVCache],
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
-        layers: tuple[int, ...] | None = None,
-    ) -> torch.Tensor:
-        """As :meth:`Transformer.forward <verispec.models.llama.Transformer.forward>`."""
-        queries, width = local_mask.shape
-        if queries != width or queries not in BUCKETS:  # a long prefill chunk: eager
-            return self.transformer(tokens, positions, caches, where, local_mask, layers)
-        return self.run_bucket(tokens, positions, caches, where, local_mask, layers)
-
-    @abc.abstractmethod
-    def run_bucket(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        caches: list[KVCache],
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
-        layers: tuple[int, ...] | None,
-    ) -> torch.Tensor:
-        """The built forward of the bucket ``len(tokens)`` (built now if it is not yet)."""
-
-    @abc.abstractmethod
-    def warm_up(self, caches: list[KVCache], layers: tuple[int, ...] | None = None) -> float:
-        """Build every bucket for these caches now; return the seconds it took."""
-
-
-def bf16_supported() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), per oneDNN."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def default_dtype(device: str | torch.device = "cpu") -> torch.dtype:
-    """bfloat16 on a GPU or a CPU that multiplies it natively, float32 elsewhere."""
-    if torch.device(device).type == "cuda":
-        return torch.bfloat16
-    return torch.bfloat16 if bf16_supported() else torch.float32
-
-
-_INVARIANT: dict[tuple, bool] = {}
-
-
-def row_invariant_kernels(
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-    *,
-    head_dim: int = 64,
-    widths: tuple[int, ...] = (576, 1536),
-    groups: int = 3,
-) -> bool:
-    """Whether this machine's matrix kernels give a row the same bits whatever else is computed.
-
-    The runtime's tree rows equal sequential decoding bit for bit when, at the model's
-    shapes, (1) oneDNN's product with a prepacked weight gives a row the same result for
-    any row count from 2 up (inner widths ``widths``); (2) a batched product's row is the
-    same for any row count the attention uses (``groups`` times the padded token count)
-    and any column count (inner width ``head_dim``); (3) the product of softmax weights
-    with the values over one block of :data:`~verispec.models.llama.VALUE_BLOCK` slots
-    (``head_dim + 1`` columns) accumulates over the slots in order, so that only the order
-    of the nonzero terms matters, not their slots nor zeros between them, for any of those
-    row counts. (The blocks' sums are added by the attention's own code, in an order fixed
-    by position: see :func:`~verispec.models.llama.attend`.) This checks the three on
-    random data (tens of milliseconds, once per process and shape) and says whether they
-    hold; see docs/runtime.rst. Defaults: SmolLM2-135M's shapes.
-    """
-    key = (dtype, str(device), head_dim, tuple(widths), groups)
-    if key not in _INVARIANT:
-        _INVARIANT[key] = _probe_invariance(dtype, torch.device(device), head_dim, widths, groups)
-    return _INVARIANT[key]
-
-
-def _probe_invariance(
-    dtype: torch.dtype, device: torch.device, head_dim: int, widths: tuple[int, ...], groups: int
-) -> bool:
-    generator = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int, uniform: bool = False) -> torch.Tensor:
-        draw = torch.rand if uniform else torch.randn
-        return draw(*shape, generator=generator).to(device, compute)
-
-    compute = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-    checks = []
-    with torch.no_grad():
-        if _can_prepack(device, dtype):  # (1) prepacked projections, 2..40 rows
-            for inner in widths:
-                packed = PackedLinear(nn.Linear(inner, 96, bias=False).to(device, dtype))
-                x = rand(40, inner).to(dtype)
-                first = packed(x[:2])[:2]
-                checks += [torch.equal(packed(x[:m])[:2], first) for m in range(3, 41)]
-        rows = [groups * q for q in range(max(2, -(-MIN_PRODUCT_ROWS // groups)), 41)]
-        keys, queries = rand(2, 640, head_dim), rand(2, rows[-1], head_dim)
-        scores = torch.bmm(queries[:, : rows[0]], keys[:, :384].transpose(1, 2))  # (2)
-        for m in rows:
-            for n in (384, 640):
-                got = torch.bmm(queries[:, :m], keys[:, :n].transpose(1, 2))
-                checks.append(torch.equal(got[:, : rows[0], :384], scores))
-        block = VALUE_BLOCK  # (3): 100 terms, in order, in one block of the value product
-        values, weights = rand(2, block, head_dim + 1), rand(2, rows[-1], block, uniform=True)
-        weights[..., 100:] = 0
-        reference = torch.bmm(weights[:, : rows[0]], values)
-        spread = torch.randperm(block, generator=generator)[:100].sort().values.to(device)
-        moved_w, moved_v = torch.zeros_like(weights), rand(2, block, head_dim + 1)
-        moved_w[..., spread], moved_v[:, spread] = weights[..., :100], values[:, :100]
-        for m in rows:
-            checks.append(torch.equal(torch.bmm(weights[:, :m], values)[:, : rows[0]], reference))
-            checks.append(torch.equal(torch.bmm(moved_w[:, :m], moved_v)[:, : rows[0]], reference))
-    return all(checks)
-
-
-class PackedLinear(nn.Module):
-    """``nn.Linear`` with its weight reordered once for oneDNN (CPU, float32 or bfloat16).
-
-    Attributes:
-        packed: the weight in oneDNN's blocked layout (an opaque mkldnn tensor).
-        bias: the original bias, or ``None``.
-        weight_dtype: the dtype inputs must have.
-    """
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight_dtype = linear.weight.dtype
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
-        self.bias = linear.bias
-        self.key: int | None = None  # set when a compiled forward calls it by key
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: Shape: (R, in_features), in ``weight_dtype``."""
-        if torch.compiler.is_compiling():  # an opaque operator inside compiled graphs
-            return torch.ops.verispec.packed_linear(x, self.key)
-        return self.eager(x)
-
-    def eager(self, x: torch.Tensor) -> torch.Tensor:
-        """The oneDNN product itself."""
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-    def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}, dtype={self.weight_dtype}, oneDNN"
-
-
-def prepack_linears(module: nn.Module) -> int:
-    """Replace every ``nn.Linear`` under ``module`` by a :class:`PackedLinear`; return how many.
-
-    Tied weights (the embedding and the LM head) stay tied: the embedding keeps the
-    plain tensor, the head gets a packed copy.
-    """
-    count = 0
-    for name, child in module.named_children():
-        if isinstance(child, nn.Linear):
-            setattr(module, name, PackedLinear(child))
-            count += 1
-        else:
-            count += prepack_linears(child)
-    return count
-
-
-def _can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and bf16_supported())
 
 
 class FastModel(TreeSequenceModel):
@@ -315,7 +100,8 @@ class FastModel(TreeSequenceModel):
         hf_model: ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM``
             (SmolLM2 is a Llama).
         dtype: weight dtype: ``torch.float32``, ``torch.bfloat16``, ``torch.float16``,
-            ``torch.float64`` or ``"auto"`` (:func:`default_dtype`); ``None`` keeps the
+            ``torch.float64`` or ``"auto"``
+            (:func:`~verispec.models.cpu_features.default_dtype`); ``None`` keeps the
             source model's.
         max_length: cap on the context (prompt plus generated plus tree); defaults to
             ``max_position_embeddings``.
@@ -398,30 +184,26 @@ class FastModel(TreeSequenceModel):
         transformer = from_hf(hf_model, dtype=dtype, max_positions=context)  # type: ignore[arg-type]
         weight_dtype = transformer.weight_dtype
         blocks = _use_blocks(transformer, weights, device) if weights != "dense" else 0
-        if prepack is True and not _can_prepack(device, weight_dtype):
+        if prepack is True and not can_prepack(device, weight_dtype):
             raise ConfigError(
                 f"`prepack=True` needs a CPU with oneDNN and float32 or native bfloat16 "
                 f"weights; got {weight_dtype} on {device}."
             )
-        packed = bool(prepack) and _can_prepack(device, weight_dtype)
+        packed = bool(prepack) and can_prepack(device, weight_dtype)
         if packed:
             packed = prepack_linears(transformer) > 0
         shared = _Shared(transformer, hf_model if keep_source else None, packed=packed)
         shared.blocks = blocks
-        if not packed and not any(isinstance(m, nn.Linear) for m in transformer.modules()):
-            shared.min_rows = 1  # every product is the block kernel's: row-invariant from one
         shared.config, shared.source_name = config, type(hf_model).__name__
         shared.eos_token_id = _eos_token_id(hf_model)
+        # What runs around the plain forward, chosen here once: compiled or graphed buckets,
+        # then each attention's kernel and the C layers.
         if compile:
-            from verispec.models._compiled import CompiledForward, register_linear
-
             for module in transformer.modules():
                 if isinstance(module, PackedLinear | BlockLinear):
-                    module.key = register_linear(module)
+                    module.key = register_linear(module)  # verispec::packed_linear
             shared.wrapper = CompiledForward(transformer)
         elif cuda_graphs is True or (cuda_graphs == "auto" and device.type == "cuda"):
-            from verispec.models._graphs import GraphedForward
-
             shared.wrapper = GraphedForward(transformer)
         shared.cpu_attention = (
             attention == "auto"
@@ -430,8 +212,15 @@ class FastModel(TreeSequenceModel):
             and transformer.compute_dtype == torch.float32
             and cpu_attention_available(transformer.args.head_dim)
         )
+        kernel = (
+            AttentionKernel.C
+            if shared.cpu_attention
+            else AttentionKernel.OPAQUE
+            if compile
+            else AttentionKernel.TORCH
+        )
         for block in transformer.blocks:
-            block.attention.cpu_kernel = shared.cpu_attention
+            block.attention.kernel = kernel
         if shared.cpu_attention:  # every layer in one C call, where the blocks allow it
             transformer.cpu_layers = LayerKernel.for_blocks(transformer.blocks)
         shared.cpu_layers = transformer.cpu_layers is not None
@@ -485,7 +274,8 @@ class FastModel(TreeSequenceModel):
     @property
     def row_invariant(self) -> bool:
         """Whether this machine's kernels make every tree row equal sequential decoding, bit
-        for bit, at this model's shapes and dtype (:func:`row_invariant_kernels`; see
+        for bit, at this model's shapes and dtype
+        (:func:`~verispec.models.invariance.row_invariant_kernels`; see
         docs/runtime.rst, "Tree rows and sequential decoding")."""
         args = self.transformer.args
         q_width = args.n_heads * args.head_dim
@@ -502,8 +292,8 @@ class FastModel(TreeSequenceModel):
         """What runs the forward: ``"eager"``, ``"compiled"`` or ``"cuda-graphs"``, plus
         ``"+GGUF blocks"`` if products read low-bit blocks (``weights``), ``"+oneDNN"`` if
         weights are prepacked, ``"+C attention"`` if the attention is one C call a layer."""
-        wrapper = type(self._shared.wrapper).__name__
-        name = {"CompiledForward": "compiled", "GraphedForward": "cuda-graphs"}.get(wrapper)
+        wrapper = self._shared.wrapper
+        name = "eager" if wrapper is None else wrapper.name
         blocks = "+GGUF blocks" if self._shared.blocks else ""
         attention = (
             "+C layers"
@@ -512,7 +302,7 @@ class FastModel(TreeSequenceModel):
             if self._shared.cpu_attention
             else ""
         )
-        return (name or "eager") + blocks + ("+oneDNN" if self._shared.packed else "") + attention
+        return name + blocks + ("+oneDNN" if self._shared.packed else "") + attention
 
     @property
     def kernel_id(self) -> str:
@@ -558,8 +348,6 @@ class FastModel(TreeSequenceModel):
         """Nothing to move: a pass writes its slots and attends only to those before them."""
 
     def _compact(self, start: int, source: torch.Tensor) -> None:
-        from verispec.kernels.ops import compact_kv
-
         compact_kv([t for c in self._caches for t in (c.k, c.v)], start, source)
 
     def reserve(self, tokens: int) -> None:
@@ -619,8 +407,8 @@ class FastModel(TreeSequenceModel):
         *,
         prompt: bool = False,
     ) -> torch.Tensor:
-        """One pass; ``prompt``: a prefill chunk (eager, dense products, see
-        :meth:`~verispec.models.llama.Transformer.forward`)."""
+        """One pass; ``prompt``: a prefill chunk, run eagerly as a ``PassKind.PROMPT`` pass
+        (:class:`~verispec.models.llama.PassKind`); any other pass is a tree pass."""
         queries, width = local_mask.shape
         # Pad to the bucket: pad tokens attend only to themselves, and their slots, after
         # the real ones, are masked for every real token.
@@ -642,7 +430,7 @@ class FastModel(TreeSequenceModel):
         where = torch.tensor([start, length])
         rows = queries if keep_rows is None else keep_rows
         forward = (
-            functools.partial(self.transformer, prompt=True, cache_only=rows == 0)
+            functools.partial(self.transformer, kind=PassKind.PROMPT, cache_only=rows == 0)
             if prompt
             else self._shared.wrapper or self.transformer
         )
@@ -657,8 +445,8 @@ class FastModel(TreeSequenceModel):
             )  # (padded, E)
         if rows == 0:
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
-        # oneDNN's head: at least two rows (same results whatever the count from two).
-        least = 1 if isinstance(self.transformer.output, BlockLinear) else 2
+        # The head's rows: as many as its product's row invariance needs (invariance.py).
+        least = min_product_rows(self.transformer.output)
         first = max(0, min(queries - rows, padded - least))
         logits = self.transformer.logits(hidden[first : max(queries, first + least)])
         return logits[queries - rows - first : queries - first]
@@ -679,7 +467,7 @@ WEIGHTS = ("auto", "blocks", "dense", "q4_1")
 
 def _use_blocks(transformer: Transformer, weights: str, device: torch.device) -> int:
     """Replace every ``nn.Linear`` whose float32 weight is exactly Q4_1 (projections) or
-    Q8_0 (the LM head: GGUF files store embeddings so) by a :class:`BlockLinear`; return
+    Q8_0 (the LM head: GGUF files store embeddings so) by a ``BlockLinear``; return
     how many. ``weights="blocks"`` raises where that is not possible."""
     usable = device.type == "cpu" and transformer.weight_dtype == torch.float32
     ok, why = kernel_status() if usable else (False, "the weights are not float32 on a CPU")
@@ -731,11 +519,10 @@ class _Shared:
         self.blocks = 0  # products that read GGUF blocks (FastModel's ``weights``)
         self.cpu_attention = False  # the attention in one C call a layer (``attention``)
         self.cpu_layers = False  # ... and, with every product in blocks, the whole layer
-        self.wrapper: Any = None  # CompiledForward or GraphedForward, or None: eager
-        # Tokens a pass runs on at least: oneDNN's projections need two rows (the block
-        # kernel one), the attention pads its own products (llama.min_tokens).
+        self.wrapper: BucketedForward | None = None  # compiled or graphed; None: eager
+        # Tokens a pass runs on at least (the rule: verispec.models.invariance).
         args = transformer.args
-        self.min_rows = min_tokens(args.n_heads // args.n_kv_heads)
+        self.min_rows = min_pass_tokens(transformer, args.n_heads // args.n_kv_heads)
 
     def bucket(self, queries: int) -> int:
         """Rows one forward computes for ``queries`` tokens (padding included)."""
@@ -750,8 +537,8 @@ class _Shared:
         if self.wrapper is None:
             return _MIN_CAPACITY
         full = max_length + BUCKETS[-1] + _SLOT_ALIGN
-        if type(self.wrapper).__name__ == "CompiledForward":
-            full = min(full, _COMPILED_CAPACITY)
+        if self.wrapper.capacity_cap is not None:
+            full = min(full, self.wrapper.capacity_cap)
         return -(-full // _SLOT_ALIGN) * _SLOT_ALIGN
 
 

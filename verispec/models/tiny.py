@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from verispec.errors import ConfigError
 from verispec.models.hf import HFModel
+from verispec.models.target import make_target
 
 if TYPE_CHECKING:
-    from verispec.models.default import Runtime
+    from verispec.models.target import Runtime
 
 __all__ = ["tiny_llama", "tiny_mistral", "tiny_model", "tiny_qwen2"]
 
@@ -108,8 +110,6 @@ def tiny_model(
     elif architecture == "mistral":
         model = MistralForCausalLM(MistralConfig(**common, sliding_window=max_length))
     else:
-        from verispec.errors import ConfigError
-
         raise ConfigError(
             f"`architecture` must be 'llama', 'qwen2' or 'mistral'; got {architecture!r}."
         )
@@ -172,10 +172,8 @@ def load_smoke_model(
     """A 4-layer random Llama over the byte vocabulary, and its :class:`ByteTokenizer`.
 
     ``runtime``, ``compile``, ``keep_source`` and ``weights`` as for
-    :func:`verispec.models.default.make_target`.
+    :func:`verispec.models.target.make_target`.
     """
-    from verispec.models.default import make_target
-
     tokenizer = ByteTokenizer()
     llama = tiny_llama(
         vocab_size=len(tokenizer),

@@ -1,0 +1,87 @@
+"""Tree-size buckets: the pass sizes the compiled and graphed forwards are built for.
+
+A forward with static shapes (a ``torch.compile`` graph, a captured CUDA graph) is built
+once per bucket of new-token counts (:data:`BUCKETS`); a pass runs in the smallest bucket
+that holds it (:func:`bucket_for`), its extra rows padded and masked. :class:`BucketedForward`
+is what both such forwards share (:mod:`verispec.models._compiled`,
+:mod:`verispec.models._graphs`): the plain :class:`~verispec.models.llama.Transformer`
+serves every pass that is not a bucket's shape.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+import torch
+
+from verispec.models.llama import KVCache, Transformer
+
+__all__ = ["BUCKETS", "BucketedForward", "bucket_for"]
+
+BUCKETS: tuple[int, ...] = (2, 4, 8, 12, 16, 20, 24, 32, 48, 64, 96, 128)
+"""New-token counts the compiled and graphed forwards are built for (one graph each): up to
+the largest trees the drafters send (80 nodes for Token Recycling's 2.2.2 template, 64 for
+``dtr:budget=auto``) with their root, so that every step of a generation runs a built graph;
+longer passes (prefill chunks, shared by every method) run eagerly."""
+
+
+def bucket_for(queries: int) -> int:
+    """The smallest bucket holding ``queries`` new tokens (past the last bucket: itself)."""
+    return next((size for size in BUCKETS if queries <= size), queries)
+
+
+class BucketedForward(abc.ABC):
+    """A forward built once per bucket (compiled, or captured as CUDA graphs) around the plain
+    :class:`~verispec.models.llama.Transformer`, which serves every other pass.
+
+    A pass has a bucket's shape when its Q new tokens fill a bucket and see only the
+    committed slots and each other (``local_mask`` is square): the target's steps and the
+    prefill. A draft model growing a tree (``extend_from``) sees more slots: it runs eagerly.
+
+    Attributes:
+        name: what the runtime's description calls this forward.
+        capacity_cap: the most slots of a cache's first allocation (``None``: the whole
+            context, allocated once).
+        setup_s: seconds spent building (compiling or capturing) so far.
+    """
+
+    name: ClassVar[str]
+    capacity_cap: ClassVar[int | None]
+    bucket = staticmethod(bucket_for)
+
+    def __init__(self, transformer: Transformer) -> None:
+        self.transformer = transformer
+        self.setup_s = 0.0
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[KVCache],
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
+        layers: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        """As :meth:`Transformer.forward <verispec.models.llama.Transformer.forward>` (a tree
+        pass)."""
+        queries, width = local_mask.shape
+        if queries != width or queries not in BUCKETS:  # a long prefill chunk: eager
+            return self.transformer(tokens, positions, caches, where, local_mask, layers)
+        return self.run_bucket(tokens, positions, caches, where, local_mask, layers)
+
+    @abc.abstractmethod
+    def run_bucket(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[KVCache],
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
+        layers: tuple[int, ...] | None,
+    ) -> torch.Tensor:
+        """The built forward of the bucket ``len(tokens)`` (built now if it is not yet)."""
+
+    @abc.abstractmethod
+    def warm_up(self, caches: list[KVCache], layers: tuple[int, ...] | None = None) -> float:
+        """Build every bucket for these caches now; return the seconds it took."""
