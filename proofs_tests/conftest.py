@@ -19,6 +19,13 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("VERISPEC_HYPOTHESIS_PROFILE", "verispec"))
 
+# Under pytest-xdist (the test command runs one worker per core), each worker's torch takes
+# its share of the cores, so the workers do not oversubscribe them; a test that sets its
+# own thread count still does.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():

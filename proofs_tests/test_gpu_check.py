@@ -29,7 +29,13 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
     (blocker / "sitecustomize.py").write_text(
         "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in BLOCKED)
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # not TRITON_INTERPRET, nor pytest-xdist's worker variables (under the test command's
+    # workers they would turn pytest-benchmark off in the script's own pytest run)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "TRITON_INTERPRET" and not k.startswith("PYTEST_XDIST")
+    }
     env.update(VERISPEC_PYTHON=sys.executable, PYTHONPATH=str(blocker))
     out = base / "report"
     done = subprocess.run(

@@ -8,4 +8,6 @@ echo "== ruff" && ruff check verispec proofs_tests benchmarks && ruff format --c
 echo "== mypy" && mypy
 echo "== import-linter" && lint-imports --no-logo
 echo "== sphinx" && python -m sphinx -W --keep-going -q -b html docs docs/_build/html
-echo "== pytest" && exec python -m pytest proofs_tests -p no:cacheprovider "$@"
+# one pytest-xdist worker per core (at most 4: each loads the real model once); each
+# worker's torch gets its share of the cores (proofs_tests/conftest.py)
+echo "== pytest" && exec python -m pytest proofs_tests -p no:cacheprovider -n auto --maxprocesses 4 "$@"
