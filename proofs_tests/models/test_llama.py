@@ -74,3 +74,35 @@ def test_unsupported_configs_are_named() -> None:
     config.model_type, config.hidden_act = "llama", "gelu"
     with pytest.raises(UnsupportedModelError, match="hidden_act='silu'; got 'gelu'"):
         ModelArgs.from_hf_config(config)
+
+
+def test_rope_rounds_as_the_rotate_half_expression() -> None:
+    """The rotary embedding, computed with half-width temporaries, gives the bits of
+    ``x * cos + rotate_half(x) * sin`` as separate float32 operations (transformers' form)."""
+    from verispec.models.llama import _rope
+
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(37, 5, 64, generator=generator)
+    cos, sin = torch.randn(37, 64, generator=generator), torch.randn(37, 64, generator=generator)
+    rotated = torch.cat([-x[..., 32:], x[..., :32]], dim=-1)
+    assert torch.equal(_rope(x, cos, sin), x * cos[:, None] + rotated * sin[:, None])
+
+
+def test_prompt_feed_forward_in_row_chunks_equals_one_product(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A prompt pass's feed-forward, run in chunks of 7 rows with ``silu(gate) * up`` in
+    place, equals the tree pass's single product of all 40 rows, and leaves its input
+    untouched."""
+    import verispec.models.llama as llama
+
+    hf = tiny_model("llama", vocab_size=V, seed=6, dtype=torch.float32).hf_model
+    ffn = from_hf(hf, max_positions=64).layers[0].feed_forward
+    x = torch.randn(40, ffn.w13.in_features, generator=torch.Generator().manual_seed(2))
+    before = x.clone()
+    with torch.no_grad():
+        whole = ffn(x, llama.PassKind.TREE)
+        monkeypatch.setattr(llama, "PROMPT_MLP_ROWS", 7)
+        chunked = ffn(x, llama.PassKind.PROMPT)
+    assert torch.equal(x, before)
+    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)

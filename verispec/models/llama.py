@@ -78,6 +78,8 @@ __all__ = [
 
 _ARCHITECTURES = {"llama", "qwen2", "mistral"}
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables independent of length
+PROMPT_MLP_ROWS = 1024
+"""Rows of a prompt pass's feed-forward per GEMM (:meth:`FeedForward._prompt_forward`)."""
 
 
 class PassKind(enum.Enum):
@@ -557,8 +559,23 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(args.hidden_dim, args.dim, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor, kind: PassKind = PassKind.TREE) -> torch.Tensor:
+        if kind is PassKind.PROMPT:
+            return self._prompt_forward(x)
         gate, up = _matmul(self.w13, x, kind).split(self.hidden_dim, -1)
         return _matmul(self.w2, F.silu(gate) * up, kind)
+
+    def _prompt_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` of a prompt pass, the same values row by row: the weights widened
+        once, then chunks of :data:`PROMPT_MLP_ROWS` rows, ``silu(gate) * up`` in place. A
+        chunk's gate/up product (12 MB) stays below glibc's mmap threshold, so its memory is
+        reused from layer to layer instead of being mapped and zero-filled again (a 4,096-row
+        product, 50 MB, paid ~20 % of its GEMM time in page faults, one thread, AVX2)."""
+        w13, w2 = _prompt_linear(self.w13), _prompt_linear(self.w2)
+        out = x.new_empty(x.shape[0], self.w2.out_features)
+        for first in range(0, x.shape[0], PROMPT_MLP_ROWS):
+            gate, up = w13(x[first : first + PROMPT_MLP_ROWS]).split(self.hidden_dim, -1)
+            out[first : first + PROMPT_MLP_ROWS] = w2(F.silu(gate, inplace=True).mul_(up))
+        return out
 
 
 class Block(nn.Module):
@@ -712,11 +729,27 @@ def _matmul(linear: nn.Module, x: torch.Tensor, kind: PassKind = PassKind.TREE) 
     return linear(x.to(weight_dtype)).to(x.dtype)
 
 
+def _prompt_linear(linear: nn.Module) -> Any:
+    """``x -> _matmul(linear, x, PassKind.PROMPT)`` for several row chunks of one prompt
+    pass, a block product's weight widened once rather than per chunk."""
+    if isinstance(linear, BlockLinear):
+        weight = linear.dequantized()
+        return lambda x: F.linear(x, weight, linear.bias)
+    return lambda x: _matmul(linear, x, PassKind.PROMPT)
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, rotate-half convention: x: (Q, heads, D); cos, sin: (Q, D)."""
+    """Rotary embedding, rotate-half convention: x: (Q, heads, D); cos, sin: (Q, D).
+
+    ``x * cos + rotate_half(x) * sin`` with each product and sum rounded as that
+    expression's separate operations round them (``a - b`` is ``a + (-b)`` exactly), with
+    two half-width temporaries instead of five full ones."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
+    cos, sin = cos[:, None], sin[:, None]
+    out = x * cos
+    out[..., :half] -= x[..., half:] * sin[..., :half]
+    out[..., half:] += x[..., :half] * sin[..., half:]
+    return out
 
 
 # -- conversion from transformers -----------------------------------------------------
