@@ -198,8 +198,9 @@ def test_the_prompt_pass_equals_the_tree_kernels_prefill_to_rounding(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A 300-token prompt (a 512-token chunk and no more) prefilled by the prompt pass, its
-    GEMMs over widened blocks and its fused attention both used, leaves the cache entries
-    and the root's logits of a prefill on the tree kernels, to rounding."""
+    GEMMs over widened blocks (each weight widened once, though the feed-forward runs in
+    chunks of 64 rows) and its fused attention both used, leaves the cache entries and the
+    root's logits of a prefill on the tree kernels, to rounding."""
     import verispec.models.llama as llama
     import verispec.models.runtime as runtime
 
@@ -214,6 +215,7 @@ def test_the_prompt_pass_equals_the_tree_kernels_prefill_to_rounding(
 
     monkeypatch.setattr(llama, "attend_prompt", counted("attention", llama.attend_prompt))
     monkeypatch.setattr(BlockLinear, "dequantized", counted("widened", BlockLinear.dequantized))
+    monkeypatch.setattr(llama, "PROMPT_MLP_ROWS", 64)
     model = blocks_model(512)
     prompt = torch.randint(0, V, (300,), generator=torch.Generator().manual_seed(3))
     model.prefill(prompt)

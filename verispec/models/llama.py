@@ -50,7 +50,8 @@ D head dim, E model width, F feed-forward width, V vocabulary.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
 import attrs
@@ -729,13 +730,12 @@ def _matmul(linear: nn.Module, x: torch.Tensor, kind: PassKind = PassKind.TREE) 
     return linear(x.to(weight_dtype)).to(x.dtype)
 
 
-def _prompt_linear(linear: nn.Module) -> Any:
+def _prompt_linear(linear: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x -> _matmul(linear, x, PassKind.PROMPT)`` for several row chunks of one prompt
     pass, a block product's weight widened once rather than per chunk."""
     if isinstance(linear, BlockLinear):
-        weight = linear.dequantized()
-        return lambda x: F.linear(x, weight, linear.bias)
-    return lambda x: _matmul(linear, x, PassKind.PROMPT)
+        return linear.widened_product()
+    return functools.partial(_matmul, linear, kind=PassKind.PROMPT)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
