@@ -293,8 +293,8 @@ def test_a_drafted_step_that_sends_no_node_is_a_loss() -> None:
     assert not gate.drafting()
 
 
-def test_while_backing_off_only_the_steps_before_a_probe_learn() -> None:
-    """Drafted steps learn; of a stretch of plain steps, only the last two before the probe."""
+def test_while_backing_off_only_the_step_before_a_probe_learns() -> None:
+    """Drafted steps learn; of a stretch of plain steps, only the last one before the probe."""
     clock = FakeClock()
     gate = DraftGate(STEEP, max_skip=8, smoothing=1.0, clock=clock)
     seen = []
@@ -308,4 +308,23 @@ def test_while_backing_off_only_the_steps_before_a_probe_learn() -> None:
     ] + [False] * 5
     assert all(learn for drafted, learn in seen if drafted)
     stretch = [learn for drafted, learn in seen[6:10]]  # the stretch of four
-    assert stretch == [False, False, True, True]
+    assert stretch == [False, False, False, True]
+
+
+def test_auto_values_the_template_again_only_after_the_rates_change() -> None:
+    """The nodes' ranking is kept between steps (a probe the budget rule sends nothing for
+    costs only the rule) and recomputed once a drafted step has changed the slots' rates."""
+    table = LatencyTable([0, 1, 2, 3, 4, 80], [1.0, 1.05, 1.2, 1.5, 2.0, 50.0])
+    drafter = _recycling(table)
+    assert drafter.gate is not None
+    drafter.gate.max_skip = 0  # the gate never backs off here: every propose drafts
+    size = drafter.propose(_state([3])).num_nodes
+    kept = drafter._valued
+    assert size > 0 and kept is not None
+    assert drafter.propose(_state([3])).num_nodes == size and drafter._valued is kept
+    drafter._slot_hits.zero_()  # no slot accepted any more, not yet observed
+    tree = drafter.propose(_state([3]))
+    assert tree.num_nodes == size  # the kept ranking
+    logits = torch.zeros(tree.num_nodes + 1, 12)
+    drafter.observe(StepOutcome(tree, logits, Verdict((), 5), _state([3, 5])))  # none accepted
+    assert drafter.propose(_state([3])).num_nodes == 0  # valued again: nothing pays

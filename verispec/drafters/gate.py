@@ -18,7 +18,7 @@ probe, up to ``max_skip`` steps; a probe that brings the mean back to 1 or above
 backing off. On text where drafting fails (random tokens, shuffled words) a drafter is
 then within a probe every ``max_skip`` steps of plain decoding; on text where it pays it
 drafts every step. While backing off, the drafter learns (Token Recycling's rows, for
-instance) only from the last two plain steps before each probe (:meth:`DraftGate.learning`).
+instance) only from the last plain step before each probe (:meth:`DraftGate.learning`).
 What is proposed never changes what is generated (the verifier keeps the output exact),
 only how fast.
 
@@ -97,10 +97,11 @@ class DraftGate:
 
     def learning(self) -> bool:
         """Whether the drafter should learn from this step: every drafted step, and the
-        last two plain steps before a probe. Learning from a step's logits costs about
-        0.4 ms on the AVX2 CPU (4 % of a two-thread plain step); while backing off, only
-        the rows of the tokens just before the next probe are worth that."""
-        return self._drafted or self._left <= 1
+        last plain step before a probe. Learning from a step's logits costs 0.3 to 0.8 ms
+        on the AVX2 CPU (3 to 7 % of a two-thread plain step); while backing off, only the
+        step just before the next probe is worth that (it brings a prompt-lookup index up
+        to date, and writes the row of the token before the probe's root)."""
+        return self._drafted or self._left == 0
 
     def clock_in(self) -> None:
         """The drafter starts working (``propose``, then ``observe``); the first call after

@@ -259,6 +259,8 @@ class TokenRecycling(DeviceSized):
         # template="auto": accepted / tried counts of each slot whose parent was accepted
         self._slot_tried = torch.full((k,), _SLOT_PRIOR_TRIES, dtype=torch.float64)
         self._slot_hits = self._slot_tried * _slot_prior(k)
+        # the template's nodes by value, and their values, until the slots' rates change
+        self._valued: tuple[list[int], list[float]] | None = None
         self._last: tuple[DraftTree, torch.Tensor] | None = None  # the tree, its slots
         self._parent_list: list[int] = self.template.parents.tolist()
         self._slot_list: list[int] = self.template.slots.tolist()
@@ -295,6 +297,7 @@ class TokenRecycling(DeviceSized):
             self._adjacency.fill_(-1)
         self._slot_tried.fill_(_SLOT_PRIOR_TRIES)
         self._slot_hits = self._slot_tried * _slot_prior(self.k)
+        self._valued = None
         self._last = None
         if self.gate is not None:
             self.gate.reset()
@@ -355,23 +358,30 @@ class TokenRecycling(DeviceSized):
         (a node's value is the product of the rates down its path), as many of the most
         valuable as the budget rule pays for (:func:`~verispec.drafters.budget.choose_budget`),
         then only those nodes expanded (an unknown one is left out with its subtree).
-        Python lists: the template has 80 nodes, and a tensor op costs more than a loop."""
+        Python lists: the template has 80 nodes, and a tensor op costs more than a loop.
+        The valuation is kept until a drafted step changes the rates: while the budget rule
+        pays for no node, a probe costs only the rule."""
         adj, root = self._adjacency, state.tokens[-1]
         if adj is None or root >= adj.shape[0]:
             return DraftTree.empty()
         parents, slots = self._parent_list, self._slot_list
-        rate = (self._slot_hits / self._slot_tried).tolist()
-        value = [0.0] * len(parents)
-        for i, (parent, slot) in enumerate(zip(parents, slots, strict=True)):
-            value[i] = rate[slot] * (value[parent] if parent >= 0 else 1.0)
-        order = sorted(range(len(value)), key=value.__getitem__, reverse=True)  # stable
-        order = order[: min(len(order), state.max_nodes)]
+        if self._valued is None:
+            rate = (self._slot_hits / self._slot_tried).tolist()
+            value = [0.0] * len(parents)
+            for i, (parent, slot) in enumerate(zip(parents, slots, strict=True)):
+                value[i] = rate[slot] * (value[parent] if parent >= 0 else 1.0)
+            ranked = sorted(range(len(value)), key=value.__getitem__, reverse=True)  # stable
+            self._valued = ranked, [value[i] for i in ranked]
+        ranked, values = self._valued
+        size = min(len(ranked), state.max_nodes)
         assert self.latency is not None
-        n = choose_budget([value[i] for i in order], self.latency, context=len(state.tokens))
+        n = choose_budget(values[:size], self.latency, context=len(state.tokens))
+        if n == 0:
+            return DraftTree.empty()
         token_of: dict[int, int] = {-1: root}
         rows: dict[int, list[int]] = {}
         kept: list[int] = []
-        for i in sorted(order[:n]):  # breadth-first: parents first
+        for i in sorted(ranked[:n]):  # breadth-first: parents first
             parent_token = token_of.get(parents[i])
             if parent_token is None:
                 continue  # below an unknown node
@@ -413,6 +423,7 @@ class TokenRecycling(DeviceSized):
             ones = torch.ones(slots.numel(), dtype=torch.float64)
             self._slot_tried.mul_(_SLOT_DECAY).index_add_(0, slots[tried], ones[tried])
             self._slot_hits.mul_(_SLOT_DECAY).index_add_(0, slots[hit], ones[hit])
+            self._valued = None
         self._last = None
 
     def _update(self, outcome: StepOutcome) -> None:
