@@ -132,6 +132,67 @@ static void rows2_dot(int kind, const float *restrict x, const uint8_t *w, int64
     y[ldy] = finish(r0, r1, r2, r3, bias);
 }
 
+/* Quarters h and h + 2 of block i of a weight row, widened (any format). For Q4_1 both
+ * come from bytes 8 h .. 8 h + 7: their low and their high nibbles. */
+#define HALF(kind, w, i, h, wa, wb)                                                          \
+    do {                                                                                     \
+        if ((kind) == 1) {                                                                   \
+            const block_q4_1 *b_ = (const block_q4_1 *)(w) + (i);                            \
+            const __m256 d_ = _mm256_broadcast_ss(&b_->d), m_ = _mm256_broadcast_ss(&b_->m); \
+            const __m128i q_ = _mm_loadl_epi64((const __m128i *)(b_->q + 8 * (h)));         \
+            const __m256i c_ = _mm256_cvtepu8_epi32(q_);                                     \
+            wa = widen_q4_1(_mm256_and_si256(c_, _mm256_set1_epi32(0x0F)), d_, m_);          \
+            wb = widen_q4_1(_mm256_srli_epi32(c_, 4), d_, m_);                               \
+        } else if ((kind) == 2) {                                                            \
+            const block_q8_0 *b_ = (const block_q8_0 *)(w) + (i);                            \
+            const __m256 d_ = _mm256_broadcast_ss(&b_->d);                                   \
+            wa = widen_q8_0(b_->q + 8 * (h), d_), wb = widen_q8_0(b_->q + 8 * (h) + 16, d_); \
+        } else {                                                                             \
+            const float *f_ = (const float *)(w) + 32 * (i) + 8 * (h);                       \
+            wa = _mm256_loadu_ps(f_), wb = _mm256_loadu_ps(f_ + 16);                          \
+        }                                                                                    \
+    } while (0)
+
+/* MR rows of x (row stride K) against one weight row, widened in registers: row_dot's
+ * chains, two at a time (p_0 and p_2 over the whole row, then p_1 and p_3), so that the
+ * 2 MR accumulators fit in registers; each block is widened once in all (half of it per
+ * pass; the row's blocks are in L1 for the second). */
+#define HALVES(MR)                                                                           \
+    static void rows##MR##_dot(int kind, const float *restrict x, const uint8_t *w,          \
+                               int64_t K, float *restrict y, int64_t ldy, float bias) {      \
+        __m256 part[4][MR];                                                                  \
+        for (int h = 0; h < 2; h++) {                                                        \
+            __m256 a[MR], b[MR];                                                             \
+            for (int r = 0; r < MR; r++) a[r] = b[r] = _mm256_setzero_ps();                  \
+            for (int64_t i = 0; i < K / 32; i++) {                                           \
+                __m256 wa, wb;                                                               \
+                HALF(kind, w, i, h, wa, wb);                                                 \
+                for (int r = 0; r < MR; r++) {                                               \
+                    const float *xb = x + r * K + 32 * i + 8 * h;                            \
+                    a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xb), wa, a[r]);                   \
+                    b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), wb, b[r]);              \
+                }                                                                            \
+            }                                                                                \
+            for (int r = 0; r < MR; r++) part[h][r] = a[r], part[h + 2][r] = b[r];           \
+        }                                                                                    \
+        for (int r = 0; r < MR; r++)                                                         \
+            y[r * ldy] = finish(part[0][r], part[1][r], part[2][r], part[3][r], bias);       \
+    }
+HALVES(3) HALVES(4) HALVES(5) HALVES(6)
+
+/* M rows of x (row stride K), 1 <= M <= REG_ROWS, against one weight row. */
+static void rows_dot(int kind, const float *restrict x, int64_t M, const uint8_t *w, int64_t K,
+                     float *restrict y, int64_t ldy, float bias) {
+    switch (M) {
+    case 1: y[0] = row_dot(kind, x, w, K, bias); break;
+    case 2: rows2_dot(kind, x, w, K, y, ldy, bias); break;
+    case 3: rows3_dot(kind, x, w, K, y, ldy, bias); break;
+    case 4: rows4_dot(kind, x, w, K, y, ldy, bias); break;
+    case 5: rows5_dot(kind, x, w, K, y, ldy, bias); break;
+    default: rows6_dot(kind, x, w, K, y, ldy, bias); break;
+    }
+}
+
 /* MR rows of x (row stride K) against NR_ float32 weight rows (row stride K): the chains of
  * row_dot, one quarter g at a time (so that MR x NR_ accumulators fit in registers), each
  * loaded vector used NR_ or MR times. */
@@ -163,7 +224,11 @@ static void rows2_dot(int kind, const float *restrict x, const uint8_t *w, int64
 MICRO(1, 4) MICRO(2, 4) MICRO(3, 4) MICRO(1, 1) MICRO(2, 1) MICRO(3, 1)
 
 #define NR 4       /* weight rows per tile of the many-row path */
-#define REG_ROWS 4 /* up to this many rows, weights are widened in registers */
+/* Up to this many rows, weights are widened in registers (rows_dot); beyond, four weight
+ * rows at a time into a buffer for the tiles. On the AVX2 EPYC (one SmolLM2 forward's
+ * products, one thread): 3 to 6 rows in registers cost 18 to 28 % less than pairs and the
+ * buffer did; from 7 rows on, groups of at most six rows were no better than the buffer. */
+#define REG_ROWS 6
 
 static void tile(const float *x, int64_t M, int64_t K, const float *w, int nr, float *y,
                  int64_t N, const float *bias) {
@@ -196,9 +261,7 @@ int vs_linear(int kind, const float *x, int64_t M, int64_t K, const void *weight
         for (int64_t n = 0; n < N; n++) {
             const uint8_t *w = (const uint8_t *)weight + n * row_bytes;
             const float b = bias ? bias[n] : 0.0f;
-            int64_t m = 0;
-            for (; m + 2 <= M; m += 2) rows2_dot(kind, x + m * K, w, K, y + m * N + n, N, b);
-            if (m < M) y[m * N + n] = row_dot(kind, x + m * K, w, K, b);
+            rows_dot(kind, x, M, w, K, y + n, N, b);
         }
         return 0;
     }
