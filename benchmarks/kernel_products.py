@@ -9,16 +9,28 @@ products (query/key/value 960 x 576, output 576 x 576, gate/up 3072 x 576, down 
 random Q4_1 blocks, a separate copy per layer so the weights stream from memory) and the
 Q8_0 LM head (49152 x 576), on ``--threads`` threads; the median of ``--repeats`` passes.
 Prints a Markdown table (ms) with the CPU's flags and the blocks' read rate.
+
+``--against REV`` also builds the kernels' C sources as they were at git revision ``REV``
+(same compiler flags) and times both libraries in the same passes, alternating, to print
+each row count's total for both and their ratio (a kernel change measured under the same
+machine load)::
+
+    taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,3,6 --against HEAD~1
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+from verispec.models import cpu_linear
 from verispec.models.cpu_features import cpu_features
 from verispec.models.cpu_linear import FORMATS, library, quantize_blocks, recover_blocks
 
@@ -33,12 +45,49 @@ def _blocks(rows: int, cols: int, fmt: str, seed: int) -> torch.Tensor:
     return blocks
 
 
+def _library_at(revision: str, folder: str) -> ctypes.CDLL:
+    """The kernels' C sources at git ``revision``, compiled as verispec compiles them."""
+    root = Path(__file__).resolve().parent.parent
+    paths = []
+    for path in (*cpu_linear._SOURCES, *cpu_linear._HEADERS):
+        relative = path.relative_to(root).as_posix()
+        text = subprocess.run(["git", "show", f"{revision}:{relative}"], cwd=root, check=True,
+                              capture_output=True).stdout  # fmt: skip
+        (Path(folder) / path.name).write_bytes(text)
+        paths.append(str(Path(folder) / path.name))
+    built = str(Path(folder) / "kernels.so")
+    flags = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
+    subprocess.run(["cc", *flags, *(p for p in paths if p.endswith(".c")), "-o", built],
+                   check=True)  # fmt: skip
+    lib = ctypes.CDLL(built)
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.vs_linear.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
+    return lib
+
+
+def _forward(lib, layers, head, x, y, m: int, threads: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Seconds of each product kind over one pass of every layer and the LM head."""
+    spent = dict.fromkeys([*LAYER_SHAPES, "head"], 0.0)
+    for layer in layers:
+        for name, (n, k) in LAYER_SHAPES.items():
+            start = time.perf_counter()
+            lib.vs_linear(FORMATS["q4_1"], x.data_ptr(), m, k, layer[name].data_ptr(), n,
+                          None, y.data_ptr(), threads)  # fmt: skip
+            spent[name] += time.perf_counter() - start
+    start = time.perf_counter()
+    lib.vs_linear(FORMATS["q8_0"], x.data_ptr(), m, HEAD_SHAPE[1], head.data_ptr(),
+                  HEAD_SHAPE[0], None, y.data_ptr(), threads)  # fmt: skip
+    spent["head"] += time.perf_counter() - start
+    return spent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="1,2,3,4,6,16")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--against", metavar="REV", help="also time the kernels at git REV")
     args = parser.parse_args()
     lib = library()
     if lib is None:
@@ -53,25 +102,19 @@ def main() -> None:
     head = _blocks(*HEAD_SHAPE, "q8_0", 10_000)
     total_bytes = sum(b.numel() for layer in layers for b in layer.values()) + head.numel()
     print(f"flags: {' '.join(cpu_features())}; {args.threads} thread(s); {args.layers} layers")
+    rows = [int(r) for r in args.rows.split(",")]
+    if args.against:
+        with tempfile.TemporaryDirectory() as folder:
+            _compare(lib, _library_at(args.against, folder), args, layers, head, rows)
+        return
     print("\n| rows | " + " | ".join(LAYER_SHAPES) + " | LM head | total | blocks GB/s |")
     print("|---|" + "---|" * (len(LAYER_SHAPES) + 3))
-    for m in (int(r) for r in args.rows.split(",")):
+    for m in rows:
         x = torch.randn(m, 1536)
         y = torch.empty(m, HEAD_SHAPE[0])
         per: dict[str, list[float]] = {name: [] for name in [*LAYER_SHAPES, "head"]}
         for _ in range(args.repeats + 1):
-            spent = dict.fromkeys(per, 0.0)
-            for layer in layers:
-                for name, (n, k) in LAYER_SHAPES.items():
-                    start = time.perf_counter()
-                    lib.vs_linear(FORMATS["q4_1"], x.data_ptr(), m, k, layer[name].data_ptr(), n,
-                                  None, y.data_ptr(), args.threads)  # fmt: skip
-                    spent[name] += time.perf_counter() - start
-            start = time.perf_counter()
-            lib.vs_linear(FORMATS["q8_0"], x.data_ptr(), m, HEAD_SHAPE[1], head.data_ptr(),
-                          HEAD_SHAPE[0], None, y.data_ptr(), args.threads)  # fmt: skip
-            spent["head"] += time.perf_counter() - start
-            for name, seconds in spent.items():
+            for name, seconds in _forward(lib, layers, head, x, y, m, args.threads).items():
                 per[name].append(seconds)
         ms = {name: statistics.median(times[1:]) * 1e3 for name, times in per.items()}
         total = sum(ms.values())
@@ -80,6 +123,24 @@ def main() -> None:
             + " | ".join(f"{ms[name]:.2f}" for name in LAYER_SHAPES)
             + f" | {ms['head']:.2f} | {total:.2f} | {total_bytes / total / 1e6:.1f} |"
         )
+
+
+def _compare(lib, old, args, layers, head, rows: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Both libraries' totals by row count: the median of ``--repeats`` passes each, the
+    two alternating pass by pass."""
+    print(f"\n| rows | {args.against} (ms) | working tree (ms) | ratio |")
+    print("|---|---|---|---|")
+    for m in rows:
+        x = torch.randn(m, 1536)
+        y = torch.empty(m, HEAD_SHAPE[0])
+        totals: dict[str, list[float]] = {"old": [], "new": []}
+        for _ in range(args.repeats + 1):
+            for name, which in (("old", old), ("new", lib)):
+                totals[name].append(
+                    sum(_forward(which, layers, head, x, y, m, args.threads).values())
+                )
+        before, after = (statistics.median(totals[n][1:]) * 1e3 for n in ("old", "new"))
+        print(f"| {m} | {before:.2f} | {after:.2f} | {after / before:.2f} |")
 
 
 if __name__ == "__main__":
