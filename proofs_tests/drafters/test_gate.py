@@ -167,8 +167,19 @@ def test_auto_with_a_flat_table_keeps_the_whole_template() -> None:
     assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
 
 
-def test_auto_with_a_steep_table_sends_no_node() -> None:
-    assert _recycling(STEEP).propose(_state([3])).num_nodes == 0
+def test_auto_with_a_steep_table_probes_with_one_node_then_backs_off() -> None:
+    """Where no node pays, a drafting step still sends the most valuable node (so the
+    slots' rates can learn), and the gate then backs off: plain steps until the next probe."""
+    drafter = _recycling(STEEP)
+    clock = FakeClock()
+    assert drafter.gate is not None
+    drafter.gate.clock = clock
+    tree = drafter.propose(_state([3]))
+    assert tree.num_nodes == 1 and tree.parents.tolist() == [-1]
+    clock.now += 10.0  # the step costs T(1) = 10 plain steps; nothing is accepted
+    logits = torch.zeros(2, 12)
+    drafter.observe(StepOutcome(tree, logits, Verdict((), 5), _state([3, 5])))
+    assert drafter.propose(_state([3, 5])).num_nodes == 0  # backing off
 
 
 def test_auto_keeps_the_most_valuable_nodes_as_a_connected_tree() -> None:
@@ -310,8 +321,8 @@ def test_while_backing_off_only_the_drafted_steps_learn() -> None:
 
 
 def test_auto_values_the_template_again_only_after_the_rates_change() -> None:
-    """The nodes' ranking is kept between steps (a probe the budget rule sends nothing for
-    costs only the rule) and recomputed once a drafted step has changed the slots' rates."""
+    """The nodes' ranking is kept between steps and recomputed once a drafted step has
+    changed the slots' rates."""
     table = LatencyTable([0, 1, 2, 3, 4, 80], [1.0, 1.05, 1.2, 1.5, 2.0, 50.0])
     drafter = _recycling(table)
     assert drafter.gate is not None
@@ -325,7 +336,7 @@ def test_auto_values_the_template_again_only_after_the_rates_change() -> None:
     assert tree.num_nodes == size  # the kept ranking
     logits = torch.zeros(tree.num_nodes + 1, 12)
     drafter.observe(StepOutcome(tree, logits, Verdict((), 5), _state([3, 5])))  # none accepted
-    assert drafter.propose(_state([3])).num_nodes == 0  # valued again: nothing pays
+    assert drafter.propose(_state([3])).num_nodes == 1  # valued again: only the probe's node
 
 
 def test_lookup_reads_tokens_committed_while_it_did_not_learn() -> None:

@@ -359,8 +359,8 @@ class TokenRecycling(DeviceSized):
         valuable as the budget rule pays for (:func:`~verispec.drafters.budget.choose_budget`),
         then only those nodes expanded (an unknown one is left out with its subtree).
         Python lists: the template has 80 nodes, and a tensor op costs more than a loop.
-        The valuation is kept until a drafted step changes the rates: while the budget rule
-        pays for no node, a probe costs only the rule."""
+        At least one node is sent (the gate decides whether drafting pays at all). The
+        valuation is kept until a drafted step changes the rates."""
         adj, root = self._adjacency, state.tokens[-1]
         if adj is None or root >= adj.shape[0]:
             return DraftTree.empty()
@@ -375,8 +375,11 @@ class TokenRecycling(DeviceSized):
         ranked, values = self._valued
         size = min(len(ranked), state.max_nodes)
         assert self.latency is not None
-        n = choose_budget(values[:size], self.latency, context=len(state.tokens))
-        if n == 0:
+        # at least one node: the gate chose to draft (a probe while backing off), and the
+        # rates learn only from nodes sent; with none, a rate once below what pays would
+        # stay there for good (the gate's measured gain decides whether drafting goes on)
+        n = max(choose_budget(values[:size], self.latency, context=len(state.tokens)), 1)
+        if size == 0:
             return DraftTree.empty()
         token_of: dict[int, int] = {-1: root}
         rows: dict[int, list[int]] = {}
