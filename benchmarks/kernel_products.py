@@ -56,9 +56,8 @@ def _library_at(revision: str, folder: str) -> ctypes.CDLL:
         (Path(folder) / path.name).write_bytes(text)
         paths.append(str(Path(folder) / path.name))
     built = str(Path(folder) / "kernels.so")
-    flags = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
-    subprocess.run(["cc", *flags, *(p for p in paths if p.endswith(".c")), "-o", built],
-                   check=True)  # fmt: skip
+    sources = [p for p in paths if p.endswith(".c")]
+    subprocess.run(["cc", *cpu_linear.COMPILE_FLAGS, *sources, "-o", built], check=True)
     lib = ctypes.CDLL(built)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.vs_linear.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]

@@ -374,13 +374,13 @@ class TokenRecycling(DeviceSized):
             self._valued = ranked, [value[i] for i in ranked]
         ranked, values = self._valued
         size = min(len(ranked), state.max_nodes)
+        if size == 0:
+            return DraftTree.empty()
         assert self.latency is not None
         # at least one node: the gate chose to draft (a probe while backing off), and the
         # rates learn only from nodes sent; with none, a rate once below what pays would
         # stay there for good (the gate's measured gain decides whether drafting goes on)
         n = max(choose_budget(values[:size], self.latency, context=len(state.tokens)), 1)
-        if size == 0:
-            return DraftTree.empty()
         token_of: dict[int, int] = {-1: root}
         rows: dict[int, list[int]] = {}
         kept: list[int] = []

@@ -45,20 +45,6 @@ static inline __m256 widen_q8_0(const int8_t *q, __m256 d) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))), d);
 }
 
-/* The four quarters of a Q4_1 block's codes: byte j holds q_j (low nibble) and q_{j+16}
- * (high), so bytes 0..7 give quarters 0 and 2, bytes 8..15 quarters 1 and 3. */
-#define Q4_1_QUARTERS(b, w0, w1, w2, w3)                                                     \
-    do {                                                                                     \
-        const __m256 d_ = _mm256_broadcast_ss(&(b)->d), m_ = _mm256_broadcast_ss(&(b)->m);   \
-        const __m256i low_ = _mm256_set1_epi32(0x0F);                                        \
-        const __m256i a_ = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b)->q));   \
-        const __m256i c_ = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((b)->q + 8))); \
-        w0 = widen_q4_1(_mm256_and_si256(a_, low_), d_, m_);                                 \
-        w1 = widen_q4_1(_mm256_and_si256(c_, low_), d_, m_);                                 \
-        w2 = widen_q4_1(_mm256_srli_epi32(a_, 4), d_, m_);                                   \
-        w3 = widen_q4_1(_mm256_srli_epi32(c_, 4), d_, m_);                                   \
-    } while (0)
-
 /* The one summation order: an output's four partial sums p_g run over the blocks of 32
  * weights in order, p_g taking the block's quarter g (eight lanes); the result is
  * hsum8((p0 + p1) + (p2 + p3)) + bias. */
@@ -66,21 +52,33 @@ static inline float finish(__m256 p0, __m256 p1, __m256 p2, __m256 p3, float bia
     return hsum8(_mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3))) + bias;
 }
 
-/* The widened quarters of block i of a weight row (any format). */
-#define QUARTERS(kind, w, i, w0, w1, w2, w3)                                                 \
+/* Quarters h and h + 2 of block i of a weight row, widened (any format). A Q4_1 block's
+ * byte j holds q_j (low nibble) and q_{j+16} (high), so both quarters come from bytes
+ * 8 h .. 8 h + 7: their low and their high nibbles. */
+#define HALF(kind, w, i, h, wa, wb)                                                          \
     do {                                                                                     \
         if ((kind) == 1) {                                                                   \
-            Q4_1_QUARTERS((const block_q4_1 *)(w) + (i), w0, w1, w2, w3);                    \
+            const block_q4_1 *b_ = (const block_q4_1 *)(w) + (i);                            \
+            const __m256 d_ = _mm256_broadcast_ss(&b_->d), m_ = _mm256_broadcast_ss(&b_->m); \
+            const __m128i q_ = _mm_loadl_epi64((const __m128i *)(b_->q + 8 * (h)));         \
+            const __m256i c_ = _mm256_cvtepu8_epi32(q_);                                     \
+            wa = widen_q4_1(_mm256_and_si256(c_, _mm256_set1_epi32(0x0F)), d_, m_);          \
+            wb = widen_q4_1(_mm256_srli_epi32(c_, 4), d_, m_);                               \
         } else if ((kind) == 2) {                                                            \
             const block_q8_0 *b_ = (const block_q8_0 *)(w) + (i);                            \
             const __m256 d_ = _mm256_broadcast_ss(&b_->d);                                   \
-            w0 = widen_q8_0(b_->q, d_), w1 = widen_q8_0(b_->q + 8, d_);                      \
-            w2 = widen_q8_0(b_->q + 16, d_), w3 = widen_q8_0(b_->q + 24, d_);                \
+            wa = widen_q8_0(b_->q + 8 * (h), d_), wb = widen_q8_0(b_->q + 8 * (h) + 16, d_); \
         } else {                                                                             \
-            const float *f_ = (const float *)(w) + 32 * (i);                                 \
-            w0 = _mm256_loadu_ps(f_), w1 = _mm256_loadu_ps(f_ + 8);                          \
-            w2 = _mm256_loadu_ps(f_ + 16), w3 = _mm256_loadu_ps(f_ + 24);                    \
+            const float *f_ = (const float *)(w) + 32 * (i) + 8 * (h);                       \
+            wa = _mm256_loadu_ps(f_), wb = _mm256_loadu_ps(f_ + 16);                          \
         }                                                                                    \
+    } while (0)
+
+/* The widened quarters of block i of a weight row (any format). */
+#define QUARTERS(kind, w, i, w0, w1, w2, w3)                                                 \
+    do {                                                                                     \
+        HALF(kind, w, i, 0, w0, w2);                                                         \
+        HALF(kind, w, i, 1, w1, w3);                                                         \
     } while (0)
 
 /* Row n of a blocked matrix, widened to float32 into out[0..K). */
@@ -131,27 +129,6 @@ static void rows2_dot(int kind, const float *restrict x, const uint8_t *w, int64
     y[0] = finish(p0, p1, p2, p3, bias);
     y[ldy] = finish(r0, r1, r2, r3, bias);
 }
-
-/* Quarters h and h + 2 of block i of a weight row, widened (any format). For Q4_1 both
- * come from bytes 8 h .. 8 h + 7: their low and their high nibbles. */
-#define HALF(kind, w, i, h, wa, wb)                                                          \
-    do {                                                                                     \
-        if ((kind) == 1) {                                                                   \
-            const block_q4_1 *b_ = (const block_q4_1 *)(w) + (i);                            \
-            const __m256 d_ = _mm256_broadcast_ss(&b_->d), m_ = _mm256_broadcast_ss(&b_->m); \
-            const __m128i q_ = _mm_loadl_epi64((const __m128i *)(b_->q + 8 * (h)));         \
-            const __m256i c_ = _mm256_cvtepu8_epi32(q_);                                     \
-            wa = widen_q4_1(_mm256_and_si256(c_, _mm256_set1_epi32(0x0F)), d_, m_);          \
-            wb = widen_q4_1(_mm256_srli_epi32(c_, 4), d_, m_);                               \
-        } else if ((kind) == 2) {                                                            \
-            const block_q8_0 *b_ = (const block_q8_0 *)(w) + (i);                            \
-            const __m256 d_ = _mm256_broadcast_ss(&b_->d);                                   \
-            wa = widen_q8_0(b_->q + 8 * (h), d_), wb = widen_q8_0(b_->q + 8 * (h) + 16, d_); \
-        } else {                                                                             \
-            const float *f_ = (const float *)(w) + 32 * (i) + 8 * (h);                       \
-            wa = _mm256_loadu_ps(f_), wb = _mm256_loadu_ps(f_ + 16);                          \
-        }                                                                                    \
-    } while (0)
 
 /* MR rows of x (row stride K) against one weight row, widened in registers: row_dot's
  * chains, two at a time (p_0 and p_2 over the whole row, then p_1 and p_3), so that the

@@ -49,6 +49,7 @@ from verispec.models._linear_op import PACKED_LINEAR
 from verispec.models.cpu_features import cpu_flags
 
 __all__ = [
+    "COMPILE_FLAGS",
     "FORMATS",
     "BlockLinear",
     "Format",
@@ -68,6 +69,8 @@ _SOURCES = tuple(
     Path(__file__).with_name(n) for n in ("_cpu_linear.c", "_cpu_attention.c", "_cpu_layer.c")
 )
 _HEADERS = (Path(__file__).with_name("_cpu_simd.h"),)
+COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+"""How the kernels are compiled (also by ``benchmarks/kernel_products.py --against``)."""
 _STATE: dict[str, object] = {}
 
 
@@ -90,7 +93,7 @@ def _build() -> ctypes.CDLL:
         raise RuntimeError("no C compiler (cc or gcc) on the PATH")
     source = b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    flags = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
+    flags = list(COMPILE_FLAGS)
     key = hashlib.sha256(
         source + version.encode() + " ".join(flags).encode() + str(sorted(cpu_flags())).encode()
     ).hexdigest()[:16]
