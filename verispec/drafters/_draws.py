@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from verispec.core.sampling import SamplingParams
 
 __all__ = [
-    "argmax_one",
     "processed_probs",
     "race_keys",
     "race_without_replacement",
@@ -115,22 +114,6 @@ def _blocks(rows: torch.Tensor, fill: float) -> torch.Tensor:
 def _open(blocks: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """The blocks ``index`` (int64, Shape: (R, K)) of each row: Shape: (R, K, B)."""
     return blocks.gather(1, index.unsqueeze(-1).expand(-1, -1, blocks.shape[-1]))
-
-
-def argmax_one(scores: torch.Tensor) -> int:
-    """``int(scores.argmax())`` (the first maximum) of one row, via block maxima.
-
-    The first block holding the maximum, then the first maximum inside it: the same
-    index as ``torch.argmax``, at about a third of its cost at V = 49,152 on a CPU.
-
-    Args:
-        scores: float, Shape: (V,).
-    """
-    if scores.shape[-1] <= 4 * _BLOCK:
-        return int(scores.argmax())
-    blocks = _blocks(scores, -math.inf)  # (V / B, B)
-    block = int(blocks.amax(-1).argmax())
-    return block * _BLOCK + int(blocks[block].argmax())
 
 
 def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import attrs
 
+from verispec.core.sampling import argmax_one
 from verispec.core.tree import DETERMINISTIC, IID, DraftTree, ProposalLaw
 from verispec.core.types import DecodeState, LanguageModel
 from verispec.core.validate import integer, option
 from verispec.drafters._draft_model import DraftModelDrafter, draft_generator
-from verispec.drafters._draws import argmax_one, processed_probs, sample_one
+from verispec.drafters._draws import processed_probs, sample_one
 
 __all__ = ["Chain", "ChainOptions"]
 

@@ -176,8 +176,8 @@ def backend_for(rule: str, device: torch.device | str, kernels: str = "auto") ->
         mode = requested_backend()
         from_block = _override.get() is not None
         source = f"use_backend({mode!r})" if from_block else f"{ENV_VAR}={mode}"
-    if mode == "torch":
-        return "torch"
+    if mode == "torch" or (mode == "auto" and device.type != "cuda"):
+        return "torch"  # "auto" is Triton on CUDA only: no need to probe the package
     why = _why_not_triton(device)
     if mode == "triton":
         if why is not None:
@@ -186,7 +186,7 @@ def backend_for(rule: str, device: torch.device | str, kernels: str = "auto") ->
                 "Use kernels='auto' (Triton on CUDA, PyTorch elsewhere) or kernels='torch'."
             )
         return "triton"
-    return "triton" if why is None and device.type == "cuda" else "torch"
+    return "triton" if why is None else "torch"
 
 
 def tree_attention_backend(device: torch.device | str, kernels: str = "auto") -> Backend:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from verispec.core.sampling import argmax_one
 from verispec.core.tree import IID, Deterministic, DraftTree, WithoutReplacement, follow_path
 from verispec.errors import NonFiniteLogitsError, TreeStructureError
 
@@ -150,7 +151,7 @@ def _row_argmax(target_logits: torch.Tensor) -> Callable[[int], int]:
     argmax comes to the host in one sync.
     """
     if target_logits.device.type == "cpu":
-        return lambda row: int(target_logits[row].argmax())
+        return lambda row: argmax_one(target_logits[row])
     best = target_logits.argmax(-1).tolist()  # (N + 1,)
     return best.__getitem__
 
