@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 
+from verispec.kernels import cpu_build
+from verispec.kernels.cpu_features import cpu_features
 from verispec.models import cpu_linear
-from verispec.models.cpu_features import cpu_features
 from verispec.models.cpu_linear import FORMATS, library, quantize_blocks, recover_blocks
 
 LAYER_SHAPES = {"qkv": (960, 576), "o": (576, 576), "w13": (3072, 576), "w2": (576, 1536)}
@@ -57,7 +58,7 @@ def _library_at(revision: str, folder: str) -> ctypes.CDLL:
         paths.append(str(Path(folder) / path.name))
     built = str(Path(folder) / "kernels.so")
     sources = [p for p in paths if p.endswith(".c")]
-    subprocess.run(["cc", *cpu_linear.COMPILE_FLAGS, *sources, "-o", built], check=True)
+    subprocess.run(["cc", *cpu_build.COMPILE_FLAGS, *sources, "-o", built], check=True)
     lib = ctypes.CDLL(built)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.vs_linear.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]

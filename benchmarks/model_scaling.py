@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from verispec.drafters.budget import measure_latency
+from verispec.kernels.cpu_features import cpu_features
 from verispec.models import FastModel, HFModel
-from verispec.models.cpu_features import cpu_features
 from verispec.models.cpu_linear import quantize_blocks
 
 # (name, hidden, layers, heads, kv heads, intermediate): the SmolLM2 family's configs

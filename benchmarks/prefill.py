@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from verispec.core import DraftTree
-from verispec.models.cpu_features import cpu_features
+from verispec.kernels.cpu_features import cpu_features
 from verispec.models.default import load_default_model
 
 

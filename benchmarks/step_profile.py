@@ -42,7 +42,7 @@ from runtime_latency import read_bandwidth  # beside this script
 import verispec.models.llama as llama
 from verispec.bench.records import machine_info
 from verispec.drafters.budget import _chain_like_tree
-from verispec.models.cpu_features import cpu_features
+from verispec.kernels.cpu_features import cpu_features
 from verispec.models.cpu_linear import BlockLinear
 from verispec.models.default import load_default_model
 from verispec.models.onednn import PackedLinear

@@ -18,6 +18,7 @@ from verispec.drafters import Autoregressive, TokenRecycling
 from verispec.drafters.templates import TEMPLATES
 from verispec.drafters.token_recycling import row_topk
 from verispec.errors import ConfigError, IncompatibleModelsError, TreeStructureError
+from verispec.kernels import cpu_topk
 from verispec.kernels.reference import expand_template, last_occurrence_mask
 from verispec.verifiers import Greedy
 
@@ -128,9 +129,15 @@ def test_last_occurrence_mask() -> None:
     assert last_occurrence_mask(tokens).tolist() == [False, False, False, True, True, True]
 
 
+@pytest.mark.parametrize("c_kernel", [True, False])
 @pytest.mark.parametrize("vocab", [2, 7, 4096, 49152])
-def test_row_topk_matches_torch_topk(vocab: int) -> None:
-    """row_topk returns the same top-K values as torch.topk, and indices that hold them."""
+def test_row_topk_matches_torch_topk(
+    vocab: int, c_kernel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """row_topk returns the same top-K values as torch.topk, and indices that hold them,
+    with the C kernel (verispec.kernels.cpu_topk) and with its torch fallback."""
+    if not c_kernel:
+        monkeypatch.setattr(cpu_topk, "topk_rows", lambda *args: None)
     generator = torch.Generator().manual_seed(vocab)
     logits = torch.randn(81, vocab, generator=generator)
     logits[3] = 0.0  # a row of ties

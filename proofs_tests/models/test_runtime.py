@@ -23,9 +23,9 @@ from model_references import (
 from verispec import SpeculativeDecoder
 from verispec.core import DraftTree
 from verispec.errors import ConfigError, UnsupportedModelError
+from verispec.kernels.cpu_features import bf16_supported, default_dtype
 from verispec.models import FastModel, HFModel, tiny_model
 from verispec.models.cpu_attention import cpu_attention_available
-from verispec.models.cpu_features import bf16_supported, default_dtype
 from verispec.models.default import make_target
 from verispec.models.invariance import row_invariant_kernels
 from verispec.models.onednn import PackedLinear

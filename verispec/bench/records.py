@@ -275,7 +275,7 @@ def machine_info(
     import transformers
 
     import verispec
-    from verispec.models.cpu_features import cpu_features
+    from verispec.kernels.cpu_features import cpu_features
 
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []

@@ -30,12 +30,6 @@ path and says why in its ``runtime`` description.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -44,12 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verispec.core.paths import cache_dir
+from verispec.kernels.cpu_build import build, source_hash
 from verispec.models._linear_op import PACKED_LINEAR
-from verispec.models.cpu_features import cpu_flags
 
 __all__ = [
-    "COMPILE_FLAGS",
     "FORMATS",
     "BlockLinear",
     "Format",
@@ -69,48 +61,19 @@ _SOURCES = tuple(
     Path(__file__).with_name(n) for n in ("_cpu_linear.c", "_cpu_attention.c", "_cpu_layer.c")
 )
 _HEADERS = (Path(__file__).with_name("_cpu_simd.h"),)
-COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
-"""How the kernels are compiled (also by ``benchmarks/kernel_products.py --against``)."""
 _STATE: dict[str, object] = {}
 
 
 def source_id() -> str:
     """A short hash of the kernels' C sources: what a timing measured with them depends on
     (latency tables name it, so a changed kernel is measured again)."""
-    return hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)).hexdigest()[:12]
+    return source_hash(_SOURCES + _HEADERS)
 
 
 def _build() -> ctypes.CDLL:
     """Compile the kernels (``_cpu_linear.c``, ``_cpu_attention.c``, ``_cpu_layer.c``) for
     this CPU (once per source, CPU and compiler) into one library and load it."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        raise RuntimeError(f"the kernel is written for x86-64; this is {platform.machine()}")
-    missing = {"avx2", "fma"} - cpu_flags()
-    if missing:
-        raise RuntimeError(f"this CPU lacks {', '.join(sorted(missing))}")
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc or gcc) on the PATH")
-    source = b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    flags = list(COMPILE_FLAGS)
-    key = hashlib.sha256(
-        source + version.encode() + " ".join(flags).encode() + str(sorted(cpu_flags())).encode()
-    ).hexdigest()[:16]
-    target = cache_dir("kernels", f"cpu_linear-{key}.so")
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            done = subprocess.run(
-                [compiler, *flags, *map(str, _SOURCES), "-o", str(built)],
-                capture_output=True,
-                text=True,
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
-            os.replace(built, target)  # atomic: a half-written library is never loaded
-    lib = ctypes.CDLL(str(target))
+    lib = build("cpu_linear", _SOURCES, _HEADERS)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.vs_linear.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
     lib.vs_linear.restype = ctypes.c_int

@@ -29,8 +29,8 @@ import torch
 from verispec.core import paths
 from verispec.core.notices import notice
 from verispec.errors import ConfigError, ModelFileError
+from verispec.kernels.cpu_features import default_dtype
 from verispec.models import gguf
-from verispec.models.cpu_features import default_dtype
 from verispec.models.target import DType, Runtime, check_dtype, check_runtime, make_target
 
 __all__ = ["load_model", "model_source"]

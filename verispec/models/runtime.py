@@ -32,7 +32,7 @@ switchable off; :class:`FastModel` chooses them once, when it is built:
 How many rows each pass and product runs on, so that a token's logits are the same in a
 1-node and a 60-node step, is :mod:`verispec.models.invariance`'s rule. bfloat16 is used
 only where the CPU multiplies it natively (AVX-512 BF16 or AMX): ``dtype="auto"`` picks it
-there and float32 elsewhere (:func:`~verispec.models.cpu_features.default_dtype`).
+there and float32 elsewhere (:func:`~verispec.kernels.cpu_features.default_dtype`).
 
 Shape glossary: N tree nodes, V vocabulary, Q fed tokens, E model width.
 """
@@ -49,6 +49,7 @@ from torch import nn
 from verispec.core.notices import waiting
 from verispec.core.validate import boolean, integer
 from verispec.errors import ConfigError
+from verispec.kernels.cpu_features import default_dtype
 from verispec.kernels.ops import compact_kv
 from verispec.models._compiled import CompiledForward
 from verispec.models._graphs import GraphedForward
@@ -56,7 +57,6 @@ from verispec.models._linear_op import register_linear
 from verispec.models._sequence import TreeSequenceModel, layer_indices
 from verispec.models.buckets import BUCKETS, BucketedForward
 from verispec.models.cpu_attention import cpu_attention_available
-from verispec.models.cpu_features import default_dtype
 from verispec.models.cpu_layer import LayerKernel
 from verispec.models.cpu_linear import (
     BlockLinear,
@@ -101,7 +101,7 @@ class FastModel(TreeSequenceModel):
             (SmolLM2 is a Llama).
         dtype: weight dtype: ``torch.float32``, ``torch.bfloat16``, ``torch.float16``,
             ``torch.float64`` or ``"auto"``
-            (:func:`~verispec.models.cpu_features.default_dtype`); ``None`` keeps the
+            (:func:`~verispec.kernels.cpu_features.default_dtype`); ``None`` keeps the
             source model's.
         max_length: cap on the context (prompt plus generated plus tree); defaults to
             ``max_position_embeddings``.

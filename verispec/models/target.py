@@ -35,7 +35,7 @@ runtime, the adapter; checked by :func:`check_runtime`."""
 RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
 
 DType = Literal["float32", "bfloat16", "float16", "auto"]
-"""A weight dtype by name (``"auto"``: :func:`~verispec.models.cpu_features.default_dtype`);
+"""A weight dtype by name (``"auto"``: :func:`~verispec.kernels.cpu_features.default_dtype`);
 checked by :func:`check_dtype`."""
 DTYPES: tuple[DType, ...] = get_args(DType)
 _TORCH_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

@@ -193,7 +193,7 @@ def load(args: argparse.Namespace, specs: Sequence[Any]) -> tuple[Any, Any]:
     import torch
 
     from verispec.bench.methods import METHODS
-    from verispec.models.cpu_features import default_dtype
+    from verispec.kernels.cpu_features import default_dtype
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
