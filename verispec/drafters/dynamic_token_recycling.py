@@ -24,8 +24,9 @@ exponential forgetting.
 **Tree.** A level-by-level beam over the matrix keeps, at each depth, the ``W`` most
 valuable nodes (``W`` the largest budget): every node of the global top ``W`` is in its
 level's top ``W``, and a node is never worth more than its parent, so the top ``N`` of
-the collected candidates (``N <= W``) are the best connected tree of ``N`` nodes. Each
-level is one gather and one top-k: no Python loop over nodes.
+the collected candidates (``N <= W``) are the best connected tree of ``N`` nodes. A
+level holds at most ``W K`` candidates, walked in Python over NumPy views of the matrix
+(on a CPU, a torch op per level costs more in dispatch than the level's work).
 
 **Fusion with prompt lookup.** Continuations of n-gram matches in the context
 (:class:`~verispec.drafters.prompt_lookup.PromptLookup`) join the tree with their own
