@@ -137,7 +137,7 @@ def test_row_topk_matches_torch_topk(
     """row_topk returns the same top-K values as torch.topk, and indices that hold them,
     with the C kernel (verispec.kernels.cpu_topk) and with its torch fallback."""
     if not c_kernel:
-        monkeypatch.setattr(cpu_topk, "topk_rows", lambda *args: None)
+        monkeypatch.setattr(cpu_topk, "topk_rows", lambda *args, **kwargs: None)
     generator = torch.Generator().manual_seed(vocab)
     logits = torch.randn(81, vocab, generator=generator)
     logits[3] = 0.0  # a row of ties

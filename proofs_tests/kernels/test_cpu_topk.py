@@ -30,14 +30,18 @@ def test_topk_and_block_logsumexp_match_torch(rows: int, vocab: int, k: int, blo
     logits[0, 7 : 7 + 3 * k] = 9.0  # ties at the top, across blocks
     if rows > 1:
         logits[1] = torch.randint(0, 3, (vocab,), generator=generator).float()  # many ties
-    found = cpu_topk.topk_rows(logits, k, block)
+    found = cpu_topk.topk_rows(logits, k, block, lse=True)
     assert found is not None
     values, ids, lse = found
     ref_values, ref_ids = _reference(logits, k)
     assert torch.equal(values, ref_values)
     assert torch.equal(ids, ref_ids)
     block_max = logits.reshape(rows, -1, block).amax(-1)
+    assert lse is not None
     torch.testing.assert_close(lse, torch.logsumexp(block_max, -1, keepdim=True))
+    plain = cpu_topk.topk_rows(logits, k, block)  # without the log-sum-exp: the same top-k
+    assert plain is not None and plain[2] is None
+    assert torch.equal(plain[0], values) and torch.equal(plain[1], ids)
 
 
 def test_a_strided_batch_of_rows() -> None:
@@ -54,11 +58,11 @@ def test_infinite_rows() -> None:
     comes first."""
     logits = torch.full((2, 512), -math.inf)
     logits[1, 300] = math.inf
-    found = cpu_topk.topk_rows(logits, 4, 64)
+    found = cpu_topk.topk_rows(logits, 4, 64, lse=True)
     assert found is not None
     values, ids, lse = found
     assert ids[0].tolist() == [0, 1, 2, 3] and (values[0] == -math.inf).all()
-    assert lse[0].item() == -math.inf
+    assert lse is not None and lse[0].item() == -math.inf
     assert ids[1, 0].item() == 300 and values[1, 0].item() == math.inf
 
 
@@ -69,6 +73,7 @@ def test_declines_what_it_does_not_take() -> None:
     nan = logits.clone()
     nan[1, 100] = math.nan
     assert cpu_topk.topk_rows(nan, 4, 64) is None
+    assert cpu_topk.topk_rows(nan, 4, 64, lse=True) is None
     assert cpu_topk.topk_rows(logits.double(), 4, 64) is None
     assert cpu_topk.topk_rows(logits[:, :500], 4, 64) is None
     assert cpu_topk.topk_rows(logits, 4, 12) is None

@@ -114,7 +114,7 @@ def row_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     Returns:
         values (same dtype, Shape: (M, K)) and int64 indices (Shape: (M, K)), descending.
     """
-    values, indices, _ = _topk_and_norm(logits, k)
+    values, indices, _ = _topk_and_norm(logits, k, scored=False)
     return values, indices
 
 
@@ -123,20 +123,20 @@ def _uses_blocks(vocab: int, k: int) -> bool:
 
 
 def _topk_and_norm(
-    logits: torch.Tensor, k: int
+    logits: torch.Tensor, k: int, *, scored: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Top-``k`` values and ids of each row, and (where the rows are cut into blocks) the
-    log-sum-exp of each row's block maxima, Shape: (M, 1); else ``None``."""
+    """Top-``k`` values and ids of each row, and (``scored`` and where the rows are cut into
+    blocks) the log-sum-exp of each row's block maxima, Shape: (M, 1); else ``None``."""
     rows, vocab = logits.shape
     if not _uses_blocks(vocab, k):
         values, indices = torch.topk(logits, k, dim=-1)
         return values, indices, None
-    found = cpu_topk.topk_rows(logits, k, _CHUNK)  # None: not a CPU float32 row, or no kernel
+    found = cpu_topk.topk_rows(logits, k, _CHUNK, lse=scored)  # None: not CPU float32, no C
     if found is not None:
         return found
     blocks = logits.reshape(rows, vocab // _CHUNK, _CHUNK)  # (M, V / C, C)
     block_max = blocks.amax(-1)  # (M, V / C)
-    norm = torch.logsumexp(block_max.float(), dim=-1, keepdim=True)  # (M, 1)
+    norm = torch.logsumexp(block_max.float(), dim=-1, keepdim=True) if scored else None
     if logits.device.type != "cpu" or logits.dtype != torch.float32:
         values, indices = torch.topk(logits, k, dim=-1)
         return values, indices, norm
@@ -165,7 +165,7 @@ def row_topk_scored(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     Returns:
         int64 ids, Shape: (M, K), and float32 scores in (0, 1], Shape: (M, K), descending.
     """
-    values, indices, norm = _topk_and_norm(logits, k)
+    values, indices, norm = _topk_and_norm(logits, k, scored=True)
     if norm is None:
         norm = torch.logsumexp(logits.float(), dim=-1, keepdim=True)  # (M, 1)
     return indices, (values.float() - norm).exp_().clamp_(max=1.0)

@@ -5,7 +5,7 @@
  * only a block whose maximum beats the current k-th value is scanned element by element,
  * each such element inserted into a descending list of k (a value equal to one already
  * listed goes after it: the lower id first among ties). So a row costs about one vector
- * max per eight logits. The block maxima are stored, and their log-sum-exp
+ * max per eight logits. On request the block maxima are kept, and their log-sum-exp
  * (max + log sum exp(b - max)) is the normaliser of Dynamic Token Recycling's scores.
  *
  * NaN: a row holding one is not ranked (the caller falls back to torch.topk, which ranks
@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 static inline float hmax8(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -34,20 +35,23 @@ static inline int insert(float *vals, int64_t *ids, int n, int k, float v, int64
     return n < k ? n + 1 : n;
 }
 
-/* Row r of x (M x V, row stride ldx) -> vals[r * k ..] (descending), ids[r * k ..], its
- * block maxima bmax[r * (V / B) ..] (scratch) and lse[r]. B is a multiple of 8 dividing V;
- * k <= V.
- * Returns the number of rows holding a NaN (those rows' outputs are unspecified). */
+/* Row r of x (M x V, row stride ldx) -> vals[r * k ..] (descending), ids[r * k ..] and, when
+ * lse is not NULL, lse[r]. B is a multiple of 8 dividing V; k <= V.
+ * Returns the number of rows holding a NaN (those rows' outputs are unspecified), or M when
+ * the block maxima could not be allocated. */
 int vs_topk(const float *x, int64_t M, int64_t V, int64_t ldx, int k, int64_t B, float *vals,
-            int64_t *ids, float *bmax, float *lse) {
+            int64_t *ids, float *lse) {
     int bad = 0;
     const int64_t nb = V / B;
+    float *bmax = lse ? malloc((size_t)(M * nb) * sizeof(float)) : NULL; /* this call's own */
+    if (lse && !bmax) return (int)M;
 #pragma omp parallel for schedule(static) reduction(+ : bad) if (M >= 8)
     for (int64_t r = 0; r < M; r++) {
         const float *row = x + r * ldx;
-        float *v = vals + r * k, *bm = bmax + r * nb;
+        float *v = vals + r * k, *bm = bmax ? bmax + r * nb : NULL;
         int64_t *id = ids + r * k;
         int n = 0;
+        float hi = -INFINITY;
         __m256 nan = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const float *blk = row + b * B;
@@ -59,12 +63,12 @@ int vs_topk(const float *x, int64_t M, int64_t V, int64_t ldx, int k, int64_t B,
                 m = _mm256_max_ps(m, y);
             }
             const float top = hmax8(m);
-            bm[b] = top;
+            if (bm) bm[b] = top, hi = top > hi ? top : hi;
             if (n < k) { /* filling the list: every value enters */
                 for (int64_t j = 0; j < B; j++) n = insert(v, id, n, k, blk[j], b * B + j);
             } else if (top > v[k - 1]) { /* only lanes above the k-th value, in id order */
+                const __m256 t = _mm256_set1_ps(v[k - 1]);
                 for (int64_t j = 0; j < B; j += 8) {
-                    const __m256 t = _mm256_set1_ps(v[k - 1]);
                     int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(blk + j), t, _CMP_GT_OQ));
                     while (bits) {
                         const int lane = __builtin_ctz(bits);
@@ -78,8 +82,7 @@ int vs_topk(const float *x, int64_t M, int64_t V, int64_t ldx, int k, int64_t B,
             bad += 1;
             continue;
         }
-        float hi = bm[0];
-        for (int64_t b = 1; b < nb; b++) hi = bm[b] > hi ? bm[b] : hi;
+        if (!bm) continue;
         if (isinf(hi)) { /* all -inf (or a +inf maximum): the sum below would be NaN */
             lse[r] = hi;
             continue;
@@ -88,5 +91,6 @@ int vs_topk(const float *x, int64_t M, int64_t V, int64_t ldx, int k, int64_t B,
         for (int64_t b = 0; b < nb; b++) s += expf(bm[b] - hi);
         lse[r] = hi + logf(s);
     }
+    free(bmax);
     return bad;
 }

@@ -5,7 +5,7 @@ write the target's top-``k`` at every scored row into their matrix after each dr
 step. With ``torch`` ops that took 0.12 to 0.2 ms for the one to four rows of a small CPU
 tree (several ops, each with its own dispatch), 2 to 4 % of a two-thread decoding step
 on the AVX2 EPYC. :func:`topk_rows` runs ``_cpu_topk.c``: one pass over each row, a vector
-maximum per eight logits, with the log-sum-exp of the row's block maxima on the side
+maximum per eight logits, with (when asked) the log-sum-exp of the row's block maxima
 (Dynamic Token Recycling's score normaliser). Same values as ``torch.topk``; among equal
 values the lower id first.
 
@@ -36,7 +36,7 @@ def library() -> ctypes.CDLL | None:
         try:
             lib = build("cpu_topk", (_SOURCE,))
             i64, ptr = ctypes.c_int64, ctypes.c_void_p
-            lib.vs_topk.argtypes = [ptr, i64, i64, i64, ctypes.c_int, i64, ptr, ptr, ptr, ptr]
+            lib.vs_topk.argtypes = [ptr, i64, i64, i64, ctypes.c_int, i64, ptr, ptr, ptr]
             lib.vs_topk.restype = ctypes.c_int
             _STATE["lib"], _STATE["why"] = lib, ""
         except (RuntimeError, OSError) as error:
@@ -45,20 +45,23 @@ def library() -> ctypes.CDLL | None:
 
 
 def topk_rows(
-    logits: torch.Tensor, k: int, block: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The ``k`` largest values of each row, their ids, and the log-sum-exp of the row's
-    maxima over blocks of ``block`` consecutive ids; ``None`` where the kernel does not run.
+    logits: torch.Tensor, k: int, block: int, *, lse: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """The ``k`` largest values of each row, their ids, and (``lse=True``) the log-sum-exp of
+    the row's maxima over blocks of ``block`` consecutive ids; ``None`` where the kernel does
+    not run.
 
     Args:
         logits: float32 on the CPU, Shape: (M, V), unit stride along V.
         k: candidates per row, ``1 <= k <= V``.
         block: a multiple of 8 that divides V.
+        lse: also return the log-sum-exp (else ``None`` in its place).
 
     Returns:
         values (float32, Shape: (M, K), descending), int64 ids (Shape: (M, K); the lower id
-        first among equal values) and float32 log-sum-exps (Shape: (M, 1)); ``None`` for
-        other inputs, where the kernel cannot be built, or when a row holds a NaN.
+        first among equal values) and float32 log-sum-exps (Shape: (M, 1)) or ``None``;
+        ``None`` for other inputs, where the kernel cannot be built, or when a row holds a
+        NaN.
     """
     rows, vocab = logits.shape
     if (
@@ -75,12 +78,9 @@ def topk_rows(
         return None
     values = torch.empty(rows, k)
     ids = torch.empty(rows, k, dtype=torch.long)
-    lse = torch.empty(rows, 1)
-    scratch = _STATE.get("scratch")  # the block maxima: the kernel's own, never returned
-    if not isinstance(scratch, torch.Tensor) or scratch.numel() < rows * (vocab // block):
-        scratch = _STATE["scratch"] = torch.empty(rows * (vocab // block))
+    norm = torch.empty(rows, 1) if lse else None
     bad = lib.vs_topk(
-        logits.data_ptr(), rows, vocab, logits.stride(0), k, block,
-        values.data_ptr(), ids.data_ptr(), scratch.data_ptr(), lse.data_ptr(),
+        logits.data_ptr(), rows, vocab, logits.stride(0), k, block, values.data_ptr(),
+        ids.data_ptr(), None if norm is None else norm.data_ptr(),
     )  # fmt: skip
-    return None if bad else (values, ids, lse)
+    return None if bad else (values, ids, norm)
