@@ -35,8 +35,16 @@ def source_hash(paths: Sequence[Path]) -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()[:12]
 
 
-def build(name: str, sources: Sequence[Path], headers: Sequence[Path] = ()) -> ctypes.CDLL:
+def build(
+    name: str,
+    sources: Sequence[Path],
+    headers: Sequence[Path] = (),
+    extra_flags: Sequence[str] = (),
+) -> ctypes.CDLL:
     """Compile ``sources`` (x86-64 with AVX2 and FMA) into one library named ``name`` and load it.
+
+    ``extra_flags`` follow :data:`COMPILE_FLAGS` (a test builds the kernels without AVX-512
+    with ``("-mno-avx512f",)`` to compare them with the native build).
 
     Raises:
         RuntimeError: not x86-64, no AVX2 or FMA, no C compiler, or the compiler failed
@@ -52,7 +60,7 @@ def build(name: str, sources: Sequence[Path], headers: Sequence[Path] = ()) -> c
         raise RuntimeError("no C compiler (cc or gcc) on the PATH")
     source = b"".join(Path(path).read_bytes() for path in (*sources, *headers))
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    flags = list(COMPILE_FLAGS)
+    flags = [*COMPILE_FLAGS, *extra_flags]
     key = hashlib.sha256(
         source + version.encode() + " ".join(flags).encode() + str(sorted(cpu_flags())).encode()
     ).hexdigest()[:16]

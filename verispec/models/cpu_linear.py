@@ -10,15 +10,17 @@ the matrix's bits again; :class:`BlockLinear` then multiplies with the blocks (0
 weight for Q4_1, 1.125 for Q8_0: 96 MB a token instead of 540). The model is the same:
 the weights are equal, bit for bit, and nothing is quantized.
 
-The product itself is a small C kernel (``_cpu_linear.c``; AVX2 and FMA, OpenMP), built at
-first use with the system's C compiler into ``$VERISPEC_CACHE/kernels`` (one library with
-the attention of :mod:`verispec.models.cpu_attention`) and called through ``ctypes``.
-Each output is summed in one fixed order (four partial sums, each a chain of fused
-multiply-adds over its quarter of every block of 32, then one fixed combination), so a
-row's result does not depend on how many rows are computed with it, on whether the
-weights are widened in registers (up to four rows) or in a buffer, nor on the thread
-count: the row invariance the runtime's tree decoding relies on (docs/runtime.rst) holds
-by construction, for any row count from one. The float32 format
+The product itself is a small C kernel (``_cpu_linear.c``; AVX2 and FMA, OpenMP; AVX-512
+where the CPU has it), built at first use with the system's C compiler
+(``-march=native``) into ``$VERISPEC_CACHE/kernels`` (one library with the attention of
+:mod:`verispec.models.cpu_attention`) and called through ``ctypes``. Each output is summed
+in one fixed order (four partial sums, each a chain of fused multiply-adds over its
+quarter of every block of 32, then one fixed combination), so a row's result does not
+depend on how many rows are computed with it, on whether the weights are widened in
+registers (up to six rows with AVX2, twelve with AVX-512, whose 16-lane registers hold two
+of the eight-lane partial sums each) or in a buffer, on the instruction set, nor on the
+thread count: the row invariance the runtime's tree decoding relies on (docs/runtime.rst)
+holds by construction, for any row count from one. The float32 format
 runs the same chains on plain float32 weights: the reference the tests compare to, bit
 for bit.
 
@@ -70,10 +72,11 @@ def source_id() -> str:
     return source_hash(_SOURCES + _HEADERS)
 
 
-def _build() -> ctypes.CDLL:
+def _build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     """Compile the kernels (``_cpu_linear.c``, ``_cpu_attention.c``, ``_cpu_layer.c``) for
-    this CPU (once per source, CPU and compiler) into one library and load it."""
-    lib = build("cpu_linear", _SOURCES, _HEADERS)
+    this CPU (once per source, CPU, compiler and ``extra_flags``) into one library and load
+    it."""
+    lib = build("cpu_linear", _SOURCES, _HEADERS, extra_flags)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.vs_linear.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
     lib.vs_linear.restype = ctypes.c_int
