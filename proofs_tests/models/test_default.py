@@ -134,3 +134,20 @@ def test_real_model_autoregressive_equals_generate(smollm2: tuple[HFModel, objec
         expected = out[0, len(ids) :].tolist()
         result = decoder.generate(ids, max_new_tokens=32)
         assert result.tokens == expected, prompt
+
+
+@pytest.mark.slow
+def test_auto_dtype_loads_the_embedded_model_in_float32_blocks() -> None:
+    """``dtype="auto"`` loads the embedded GGUF model in float32 with its products reading
+    the file's blocks where the block kernel runs (even where the CPU multiplies bfloat16
+    natively: float32 on the blocks is faster there, and exact), and the transformers
+    source model in the same dtype."""
+    from verispec.kernels.cpu_features import default_dtype
+    from verispec.models.cpu_linear import kernel_status
+
+    model, _ = load_default_model(dtype="auto")
+    if kernel_status()[0]:
+        assert model.dtype == torch.float32 and "GGUF blocks" in model.runtime
+    else:
+        assert model.dtype == default_dtype("cpu")
+    assert next(model.hf_model.parameters()).dtype == model.dtype

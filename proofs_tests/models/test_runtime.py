@@ -19,6 +19,7 @@ from model_references import (
     sequential_logits,
     tree_reference,
 )
+from torch import nn
 
 from verispec import SpeculativeDecoder
 from verispec.core import DraftTree
@@ -26,9 +27,11 @@ from verispec.errors import ConfigError, UnsupportedModelError
 from verispec.kernels.cpu_features import bf16_supported, default_dtype
 from verispec.models import FastModel, HFModel, tiny_model
 from verispec.models.cpu_attention import cpu_attention_available
+from verispec.models.cpu_linear import holds_blocks, kernel_status, quantize_blocks
 from verispec.models.default import make_target
 from verispec.models.invariance import row_invariant_kernels
 from verispec.models.onednn import PackedLinear
+from verispec.models.runtime import auto_dtype
 from verispec.verifiers import Greedy
 
 EXACT = 1e-9
@@ -303,6 +306,26 @@ def test_dtype_and_runtime_choices() -> None:
     assert isinstance(make_target(hf, runtime="hf"), HFModel)
     chosen = make_target(hf)
     assert isinstance(chosen, FastModel) and "fast runtime" in chosen.runtime_note
+
+
+def test_auto_dtype_reads_gguf_blocks_in_float32() -> None:
+    """dtype='auto' on a model whose weights are Q4_1 blocks (a GGUF file's, dequantized) is
+    float32 where the block kernel runs, even on a CPU with native bfloat16 (float32 then
+    reads the blocks: faster, and exact), and its products are the block kernel; random
+    weights keep default_dtype()."""
+    hf = tiny_model("llama", vocab_size=V, dtype=torch.float32, hidden_size=64).hf_model
+    assert not holds_blocks(hf)
+    assert auto_dtype(hf, "cpu") == default_dtype("cpu")
+    with torch.no_grad():
+        for module in hf.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.copy_(quantize_blocks(module.weight, "q4_1"))
+    if not kernel_status()[0]:
+        assert auto_dtype(hf, "cpu") == default_dtype("cpu")
+        return
+    assert holds_blocks(hf)
+    model = FastModel(hf, dtype="auto")
+    assert model.dtype == torch.float32 and "GGUF blocks" in model.runtime
 
 
 @pytest.mark.parametrize(

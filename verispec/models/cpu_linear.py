@@ -217,6 +217,17 @@ def quantize_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor:
     return widened.reshape(weight.shape)
 
 
+def holds_blocks(model: nn.Module) -> bool:
+    """Whether the block kernel runs here and ``model``'s first ``nn.Linear`` (CPU, float32)
+    is exactly Q4_1 or Q8_0 blocks: a GGUF file's weights, dequantized. Then float32 reads
+    the file's blocks (:func:`~verispec.models.runtime.auto_dtype`)."""
+    first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
+    if first is None or first.weight.device.type != "cpu" or not kernel_status()[0]:
+        return False
+    weight = first.weight.detach()
+    return any(recover_blocks(weight, fmt) is not None for fmt in ("q4_1", "q8_0"))
+
+
 # -- the product -------------------------------------------------------------------------
 
 

@@ -31,6 +31,8 @@ from verispec.core.notices import notice
 from verispec.errors import ConfigError, ModelFileError
 from verispec.kernels.cpu_features import default_dtype
 from verispec.models import gguf
+from verispec.models.cpu_linear import kernel_status
+from verispec.models.runtime import auto_dtype
 from verispec.models.target import DType, Runtime, check_dtype, check_runtime, make_target
 
 __all__ = ["load_model", "model_source"]
@@ -128,9 +130,11 @@ def load_model(
 
     check_runtime(runtime)
     dtype = check_dtype(dtype)
-    if dtype == "auto":
-        dtype = default_dtype(device)
     kind, source = model_source(path)
+    auto = dtype == "auto"
+    if auto:  # a GGUF file's blocks on a CPU: read in float32, then decided (auto_dtype)
+        gguf_blocks = kind == "gguf" and torch.device(device).type == "cpu"
+        dtype = torch.float32 if gguf_blocks and kernel_status()[0] else default_dtype(device)
     if kind == "gguf":
         root = Path(cache_dir).expanduser() if cache_dir is not None else paths.cache_dir()
         converted = gguf.converted_dir(source, root)
@@ -147,6 +151,9 @@ def load_model(
     else:
         hf_model = _read_causal_lm(source, dtype, f"`{path}`")
     hf_model = hf_model.to(device)
+    if auto and dtype == torch.float32 and kind == "gguf":
+        dtype = auto_dtype(hf_model, device)  # float32 only where the blocks are found
+        hf_model = hf_model.to(dtype)
     tokenizer_source = Path(tokenizer).expanduser() if tokenizer is not None else source
     try:
         loaded_tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))

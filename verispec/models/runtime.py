@@ -30,9 +30,11 @@ switchable off; :class:`FastModel` chooses them once, when it is built:
   (:mod:`verispec.models._graphs`). The same code runs on a GPU, without prepacking.
 
 How many rows each pass and product runs on, so that a token's logits are the same in a
-1-node and a 60-node step, is :mod:`verispec.models.invariance`'s rule. bfloat16 is used
-only where the CPU multiplies it natively (AVX-512 BF16 or AMX): ``dtype="auto"`` picks it
-there and float32 elsewhere (:func:`~verispec.kernels.cpu_features.default_dtype`).
+1-node and a 60-node step, is :mod:`verispec.models.invariance`'s rule. ``dtype="auto"``
+(:func:`auto_dtype`) picks float32 where the weights are a GGUF file's blocks and the block
+kernel runs (the products read the blocks: the fastest choice, and exact), else bfloat16
+only where the CPU multiplies it natively (AVX-512 BF16 or AMX) and float32 elsewhere
+(:func:`~verispec.kernels.cpu_features.default_dtype`).
 
 Shape glossary: N tree nodes, V vocabulary, Q fed tokens, E model width.
 """
@@ -61,6 +63,7 @@ from verispec.models.cpu_layer import LayerKernel
 from verispec.models.cpu_linear import (
     BlockLinear,
     Format,
+    holds_blocks,
     kernel_status,
     quantize_blocks,
     source_id,
@@ -74,7 +77,7 @@ from verispec.models.invariance import (
 from verispec.models.llama import AttentionKernel, KVCache, PassKind, Transformer, from_hf
 from verispec.models.onednn import PackedLinear, can_prepack, prepack_linears
 
-__all__ = ["PROMPT_PASS_TOKENS", "WEIGHTS", "FastModel"]
+__all__ = ["PROMPT_PASS_TOKENS", "WEIGHTS", "FastModel", "auto_dtype"]
 
 _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
 # Prompt tokens per prefill pass: bounds the activations (8,192 rows of the gate/up
@@ -100,8 +103,9 @@ class FastModel(TreeSequenceModel):
         hf_model: ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM``
             (SmolLM2 is a Llama).
         dtype: weight dtype: ``torch.float32``, ``torch.bfloat16``, ``torch.float16``,
-            ``torch.float64`` or ``"auto"``
-            (:func:`~verispec.kernels.cpu_features.default_dtype`); ``None`` keeps the
+            ``torch.float64`` or ``"auto"`` (:func:`auto_dtype`: float32 for a GGUF file's
+            blocks on a CPU the block kernel runs on, else
+            :func:`~verispec.kernels.cpu_features.default_dtype`); ``None`` keeps the
             source model's.
         max_length: cap on the context (prompt plus generated plus tree); defaults to
             ``max_position_embeddings``.
@@ -166,7 +170,7 @@ class FastModel(TreeSequenceModel):
             context = min(context, max_length)
         device = next(hf_model.parameters()).device
         if dtype == "auto":
-            dtype = default_dtype(device)
+            dtype = auto_dtype(hf_model, device)
         if dtype is not None and dtype not in _DTYPES:
             raise ConfigError(
                 f"`dtype` must be one of float32, bfloat16, float16, float64 or 'auto'; "
@@ -458,6 +462,18 @@ class FastModel(TreeSequenceModel):
             f"max_length={self.max_length}, dtype={self.dtype}, device={self.device}, "
             f"runtime={self.runtime})"
         )
+
+
+def auto_dtype(hf_model: nn.Module, device: str | torch.device) -> torch.dtype:
+    """What ``dtype="auto"`` picks for ``hf_model``: float32 where its weights are a GGUF
+    file's Q4_1 / Q8_0 blocks and the block kernel runs (the products then read the blocks,
+    a sixth of float32's bytes, and the model is exact: on the Zen 5 EPYC the embedded
+    model's ``ar`` ran at 58.0 tokens/s against 22.8 in bfloat16), else
+    :func:`~verispec.kernels.cpu_features.default_dtype` (bfloat16 on a GPU or a CPU that
+    multiplies it natively, float32 elsewhere)."""
+    if torch.device(device).type == "cpu" and holds_blocks(hf_model):
+        return torch.float32
+    return default_dtype(device)
 
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from verispec.errors import ConfigError
+from verispec.kernels.cpu_features import default_dtype
 from verispec.models.hf import HFModel
 from verispec.models.target import make_target
 
@@ -161,7 +162,7 @@ class ByteTokenizer:
 
 
 def load_smoke_model(
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
     *,
     runtime: Runtime = "auto",
@@ -175,6 +176,8 @@ def load_smoke_model(
     :func:`verispec.models.target.make_target`.
     """
     tokenizer = ByteTokenizer()
+    if dtype == "auto":  # random weights: no blocks to read
+        dtype = default_dtype(device)
     llama = tiny_llama(
         vocab_size=len(tokenizer),
         hidden_size=64,

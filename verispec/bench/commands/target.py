@@ -67,8 +67,9 @@ def add_model_options(parser: argparse.ArgumentParser, threads: int | None = Non
         "--dtype",
         choices=DTYPES,
         default="float32",
-        help="weight dtype (default float32); auto: bfloat16 where the CPU multiplies it "
-        "natively (AVX-512 BF16, AMX) or on CUDA, float32 elsewhere",
+        help="weight dtype (default float32); auto: float32 where the weights are a GGUF "
+        "file's blocks the CPU kernel reads (the embedded model), else bfloat16 where the "
+        "CPU multiplies it natively (AVX-512 BF16, AMX) or on CUDA, float32 elsewhere",
     )
     group.add_argument(
         "--runtime",
@@ -193,12 +194,11 @@ def load(args: argparse.Namespace, specs: Sequence[Any]) -> tuple[Any, Any]:
     import torch
 
     from verispec.bench.methods import METHODS
-    from verispec.kernels.cpu_features import default_dtype
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     where = device(args.device)
-    dtype = default_dtype(where) if args.dtype == "auto" else getattr(torch, args.dtype)
+    dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)  # models decide
     keep_source = any(METHODS[spec.name].runs_source for spec in specs)
     model, tokenizer = _load_model_source(args, dtype, where, keep_source)
     print(
