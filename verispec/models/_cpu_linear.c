@@ -177,14 +177,16 @@ static void rows_dot(int kind, const float *restrict x, int64_t M, const uint8_t
  * eight-lane code, in the same order, and finish16 adds the same four vectors the same way:
  * the same bits, half the instructions. A Q4_1 block's 16 bytes widen at once: their low
  * nibbles are weights 0..15, their high nibbles 16..31. */
+#define IOTA16 _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 #define BLOCK16(kind, w, i, lo, hi)                                                          \
     do {                                                                                     \
         if ((kind) == 1) {                                                                   \
             const block_q4_1 *b_ = (const block_q4_1 *)(w) + (i);                            \
             const __m512 d_ = _mm512_set1_ps(b_->d), m_ = _mm512_set1_ps(b_->m);             \
+            const __m512 t_ = _mm512_fmadd_ps(IOTA16, d_, m_); /* the 16 values q d + m */   \
             const __m512i c_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b_->q)); \
-            lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(c_, _mm512_set1_epi32(0x0F))), d_, m_); \
-            hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(c_, 4)), d_, m_);      \
+            lo = _mm512_permutexvar_ps(c_, t_); /* reads the low 4 bits: the low nibble */   \
+            hi = _mm512_permutexvar_ps(_mm512_srli_epi32(c_, 4), t_);                        \
         } else if ((kind) == 2) {                                                            \
             const block_q8_0 *b_ = (const block_q8_0 *)(w) + (i);                            \
             const __m512 d_ = _mm512_set1_ps(b_->d);                                         \
