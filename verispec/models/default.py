@@ -73,7 +73,8 @@ def load_default_model(
 
     Args:
         dtype: weight dtype: float32 (the default), bfloat16, float16, or ``"auto"``
-            (bfloat16 where the CPU multiplies it natively, else float32; bfloat16 on CUDA).
+            (float32 on a CPU where the block kernel reads the file's blocks, else bfloat16
+            where the CPU multiplies it natively, float32 elsewhere; bfloat16 on CUDA).
         device: where to put the model (``"cpu"``, ``"cuda"``...).
         cache_dir: where the converted weights live; defaults to :func:`default_cache_dir`.
         max_length: optional cap on the context (the model's own is 8192 tokens).

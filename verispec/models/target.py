@@ -74,9 +74,11 @@ def make_target(
         runtime: ``"fast"`` (verispec's runtime, :class:`FastModel`), ``"hf"`` (the
             :class:`HFModel` adapter) or ``"auto"``: the runtime where it supports the
             architecture, the adapter elsewhere.
-        dtype: for the runtime, the weight dtype (``"auto"``: bfloat16 where the CPU
-            multiplies it natively, else float32; ``None``: the model's own). The adapter
-            runs the model in its own dtype.
+        dtype: for the runtime, the weight dtype (``"auto"``:
+            :func:`~verispec.models.runtime.auto_dtype`, float32 where the weights are a
+            GGUF file's blocks the CPU kernel reads, else bfloat16 where the CPU multiplies
+            it natively and float32 elsewhere; ``None``: the model's own). The adapter runs
+            the model in its own dtype.
         max_length: optional cap on the context.
         compile: compile the runtime's forward per tree-size bucket (see :class:`FastModel`).
         keep_source: the runtime keeps ``hf_model`` (``False``: drops its reference, see
