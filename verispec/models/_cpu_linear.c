@@ -228,7 +228,7 @@ ROWS16(1) ROWS16(2) ROWS16(3) ROWS16(4) ROWS16(5) ROWS16(6)
 ROWS16(7) ROWS16(8) ROWS16(9) ROWS16(10) ROWS16(11) ROWS16(12)
 
 /* Up to this many rows, a block is widened once for all of them in 16-lane registers; on
- * the Zen 5 EPYC (one SmolLM2 forward's products, one thread) 3 to 12 rows cost 12 to 27 %
+ * the Zen 5 EPYC (one SmolLM2 forward's products, one thread) 3 to 12 rows cost 4 to 20 %
  * less than the eight-lane code; 16 rows in two such groups cost 12 % more than the buffer. */
 #define REG_ROWS16 12
 
