@@ -323,7 +323,7 @@ int vs_linear(int kind, const float *x, int64_t M, int64_t K, const void *weight
                        bias ? bias[n] : 0.0f);
         return 0;
     }
-#endif
+#else
     if (M <= REG_ROWS) { /* few rows: widen in registers, no buffer */
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
         for (int64_t n = 0; n < N; n++) {
@@ -333,6 +333,7 @@ int vs_linear(int kind, const float *x, int64_t M, int64_t K, const void *weight
         }
         return 0;
     }
+#endif
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
         float *buf = NULL;
