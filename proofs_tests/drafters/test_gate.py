@@ -349,3 +349,23 @@ def test_lookup_reads_tokens_committed_while_it_did_not_learn() -> None:
     tokens = [1, 2, 3, 7, 8, 9, 5, 6, 7]  # steps the drafter did not learn from
     tree = drafter.propose(_state(tokens))
     assert tree.tokens.tolist()[:2] == [8, 9]  # the continuation of the earlier 7
+
+
+# -- the gate on a model (benchmarks/gate_model.py) ------------------------------------
+
+
+def test_the_gate_model_stays_near_plain_decoding_and_keeps_a_large_gain() -> None:
+    """On the model of ``benchmarks/gate_model.py`` (the real gate, a fake clock): with
+    nothing accepted, drafting every step would run at 0.74x plain decoding and the gate
+    stays within 3 % of it; with 80 % accepted it keeps at least 95 % of the 1.33x."""
+    import sys
+    from pathlib import Path
+
+    sys.path.append(str(Path(__file__).parents[2] / "benchmarks"))
+    from gate_model import gated_speed
+
+    kw = {"max_skip": 16, "smoothing": 0.3, "steps": 4000, "seed": 0}
+    plain, step, drafter = 0.0104, 0.0131, 0.0010
+    assert gated_speed(0.0, plain, step, drafter, **kw) >= 0.97
+    always = 1.8 * plain / (step + drafter)
+    assert gated_speed(0.8, plain, step, drafter, **kw) >= 0.95 * always
