@@ -15,7 +15,9 @@ intervals.
 
 Read with care: the interval covers the noise *between answers of this run* (which
 questions, how each was timed); a machine slower for the whole run, or a neighbour that
-arrived halfway, moves both methods and is not in it.
+arrived halfway, moves both methods and is not in it. With few questions (a Spec-Bench
+category has 5) a percentile bootstrap interval is narrower than it should be: a category
+``below`` is a figure to measure again; the verdict is the overall group's.
 """
 
 from __future__ import annotations
