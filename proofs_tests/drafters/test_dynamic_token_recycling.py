@@ -322,13 +322,13 @@ def test_suffix_fusion_values_a_shared_path_by_agreement() -> None:
     drafter.begin(_state(context))
     tree = drafter.propose(_state(context))
     paths = [tuple(tree.path_tokens(i)) for i in range(len(tree))]
-    cells = drafter._last[1]  # type: ignore[index]
+    cells = drafter._last[1]  # type: ignore[index]  # one list of cells per tree node
     shared, alone = paths.index((9,)), paths.index((3,))
-    assert (cells[shared] >= 0).sum() == 2 and (cells[alone] >= 0).sum() == 1
-    tr_shared = float(drafter._shared[0].rates()[cells[shared, 0]])
-    suffix_shared = float(drafter._shared[2].rates()[cells[shared, 2]])
+    assert sum(c >= 0 for c in cells[shared]) == 2 and sum(c >= 0 for c in cells[alone]) == 1
+    tr_shared = float(drafter._shared[0].rates()[cells[shared][0]])
+    suffix_shared = float(drafter._shared[2].rates()[cells[shared][2]])
     assert float(drafter.last_values[shared]) == pytest.approx(max(tr_shared, suffix_shared))
-    tr_alone = float(drafter.tr_calibration.rates()[cells[alone, 0]])
+    tr_alone = float(drafter.tr_calibration.rates()[cells[alone][0]])
     assert float(drafter.last_values[alone]) == pytest.approx(tr_alone)
 
 

@@ -190,7 +190,7 @@ def test_auto_keeps_the_most_valuable_nodes_as_a_connected_tree() -> None:
     tree = drafter.propose(_state([3]))
     assert 1 <= tree.num_nodes < 80
     assert all(p < i for i, p in enumerate(tree.parents.tolist()))  # parents first
-    slots = drafter._last[1].tolist()  # type: ignore[index]
+    slots = drafter._last[1]  # type: ignore[index]
     assert slots[0] == 0  # the most valuable node: the root's first candidate
 
 

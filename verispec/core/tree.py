@@ -118,22 +118,21 @@ def _law_tuple(value: Iterable[ProposalLaw | None]) -> tuple[ProposalLaw | None,
 
 
 def _validate_tree(tokens: torch.Tensor, parents: torch.Tensor, laws: tuple) -> None:
+    # Python on the lists: drafters build a tree a step, and its few nodes cost less to
+    # check here than through tensor operators
     n = tokens.numel()
     if parents.numel() != n:
         raise TreeStructureError(
             f"`parents` must have one entry per token; got {parents.numel()} parents "
             f"for {n} tokens."
         )
-    if n and int(tokens.min()) < 0:
-        raise TreeStructureError(f"`tokens` must be >= 0; got {int(tokens.min())}.")
-    if n:
-        bad = parents >= torch.arange(n)
-        bad |= parents < -1
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
+    if n and (low := min(tokens.tolist())) < 0:
+        raise TreeStructureError(f"`tokens` must be >= 0; got {low}.")
+    for i, parent in enumerate(parents.tolist()):
+        if not -1 <= parent < i:
             raise TreeStructureError(
                 f"`parents[{i}]` must be -1 (the root) or the index of an earlier node; "
-                f"got {int(parents[i])}. Nodes must be stored parent-before-child."
+                f"got {parent}. Nodes must be stored parent-before-child."
             )
     if len(laws) != n + 1:
         raise TreeStructureError(
@@ -200,11 +199,13 @@ class DraftTree:
         tokens_t = _as_index_tensor("tokens", tokens)
         parents_t = _as_index_tensor("parents", parents)
         if isinstance(laws, Deterministic | IID | WithoutReplacement):
-            has_children = torch.zeros(tokens_t.numel() + 1, dtype=torch.bool)
-            if parents_t.numel() and parents_t.numel() == tokens_t.numel():
-                # clamped so a bad parent reaches the validator's TreeStructureError
-                has_children[(parents_t + 1).clamp(0, tokens_t.numel())] = True
-            law_rows: tuple = tuple(laws if flag else None for flag in has_children.tolist())
+            n = tokens_t.numel()
+            has_children = [False] * (n + 1)
+            if parents_t.numel() == n:
+                for parent in parents_t.tolist():
+                    # clamped so a bad parent reaches the validator's TreeStructureError
+                    has_children[min(max(parent + 1, 0), n)] = True
+            law_rows: tuple = tuple(laws if flag else None for flag in has_children)
         else:
             law_rows = tuple(laws)
         return cls(tokens_t, parents_t, law_rows)

@@ -9,9 +9,18 @@ This module holds the pieces they share:
 
 * :class:`Calibration` — online acceptance rates by (row, score bucket);
 * :class:`Candidates` — a trie of valued nodes, with one calibration cell per source;
+* :class:`Trie` — the same trie in Python lists, for the per-step path of a drafter;
 * :func:`fuse` — the union of two tries by token path;
 * :func:`subtree` — chosen nodes as a :class:`~verispec.core.tree.DraftTree`;
 * :func:`tried_and_hit` — which nodes of a verified tree were tried and accepted.
+
+A drafter sized for a CPU sends a few nodes a step and reads a few dozen candidates, where
+a torch operator costs more in dispatch than in work: run between two forward passes, with
+the caches cold, each of the ~100 small operators of a tensor pipeline cost 5-20 µs, and
+``dtr`` spent 1.7 ms a drafted step on two threads of the Zen 5 EPYC, a quarter of the
+step. So the per-step operations run on :class:`Trie`'s lists, and the tensor forms
+(:class:`Candidates`, :func:`fuse`, :func:`subtree`, :func:`tried_and_hit`,
+:meth:`Calibration.update`) convert once and call them: one implementation of each.
 
 Shape glossary: M candidate nodes, C sources, N tree nodes.
 """
@@ -22,6 +31,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 
 import attrs
+import numpy as np
 import torch
 
 from verispec.core.tree import DraftTree
@@ -32,10 +42,12 @@ __all__ = [
     "Calibration",
     "CalibrationOptions",
     "Candidates",
+    "Trie",
     "fuse",
     "revalue",
     "subtree",
     "tried_and_hit",
+    "tried_and_hit_lists",
     "update_by_agreement",
 ]
 
@@ -118,20 +130,36 @@ class Calibration:
 
     def rates(self) -> torch.Tensor:
         """float64, Shape: (depths * B,). Calibrated acceptance rate of every cell."""
-        bucket = (self.hits.sum(0) + self.strength * self.prior) / (
-            self.tries.sum(0) + self.strength
-        )  # (B,)
-        rate = (self.hits + self.depth_strength * bucket) / (self.tries + self.depth_strength)
-        return rate.clamp_(1e-9, _MAX_RATE).reshape(-1)
+        return torch.from_numpy(self._rates().reshape(-1))
+
+    def rate_rows(self) -> list[list[float]]:
+        """:meth:`rates` as Python lists, one per row: ``rate_rows()[row][bucket]``."""
+        rows: list[list[float]] = self._rates().tolist()
+        return rows
+
+    def _rates(self) -> np.ndarray:
+        """The rates, Shape: (depths, B), in NumPy on views of the counts (a drafter asks
+        every step; a torch operator on these few numbers costs more than the numbers)."""
+        hits, tries, prior = self.hits.numpy(), self.tries.numpy(), self.prior.numpy()
+        bucket = (hits.sum(0) + self.strength * prior) / (tries.sum(0) + self.strength)  # (B,)
+        rate = (hits + self.depth_strength * bucket) / (tries + self.depth_strength)
+        return np.clip(rate, 1e-9, _MAX_RATE, out=rate)
 
     def update(self, cells: torch.Tensor, tried: torch.Tensor, hit: torch.Tensor) -> None:
         """Count the tried nodes (bool masks, Shape: (N,)) of cells ``cells`` (-1 = none)."""
-        self.hits.mul_(self.decay)
-        self.tries.mul_(self.decay)
-        use = tried & (cells >= 0)
-        flat = cells[use]
-        self.tries.view(-1).index_add_(0, flat, torch.ones(flat.numel(), dtype=torch.float64))
-        self.hits.view(-1).index_add_(0, flat, hit[use].to(torch.float64))
+        self.count(cells.tolist(), tried.tolist(), hit.tolist())
+
+    def count(self, cells: Sequence[int], tried: Sequence[bool], hit: Sequence[bool]) -> None:
+        """:meth:`update` on Python lists (the per-step path: no tensor operator)."""
+        hits, tries = self.hits.numpy(), self.tries.numpy()  # views: counted in place
+        hits *= self.decay
+        tries *= self.decay
+        flat_hits, flat_tries = hits.reshape(-1), tries.reshape(-1)
+        for cell, was_tried, was_hit in zip(cells, tried, hit, strict=True):
+            if was_tried and cell >= 0:
+                flat_tries[cell] += 1.0
+                if was_hit:
+                    flat_hits[cell] += 1.0
 
 
 @attrs.frozen(eq=False)
@@ -176,6 +204,15 @@ class Candidates:
                    torch.tensor(values, dtype=torch.float64), torch.tensor(depths, dtype=long),
                    torch.tensor(cells, dtype=long).reshape(len(tokens), columns))  # fmt: skip
 
+    @classmethod
+    def from_trie(cls, trie: Trie) -> Candidates:
+        return cls.from_lists(trie.tokens, trie.parents, trie.values, trie.depths, trie.cells,
+                              trie.columns)  # fmt: skip
+
+    def to_trie(self) -> Trie:
+        return Trie(self.tokens.tolist(), self.parents.tolist(), self.values.tolist(),
+                    self.depths.tolist(), self.cells.tolist(), self.num_columns)  # fmt: skip
+
     @property
     def num_nodes(self) -> int:
         return int(self.tokens.numel())
@@ -192,12 +229,75 @@ class Candidates:
 
     def take(self, index: torch.Tensor) -> Candidates:
         """The nodes ``index`` (a connected set, parents first), parents renumbered."""
-        remap = torch.full((self.num_nodes,), -1, dtype=torch.long)
-        remap[index] = torch.arange(index.numel())
-        parents = self.parents[index]
-        parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], -1)
-        return Candidates(self.tokens[index], parents, self.values[index],
-                          self.depths[index], self.cells[index])  # fmt: skip
+        return Candidates.from_trie(self.to_trie().take(index.tolist()))
+
+
+@attrs.define(slots=True)
+class Trie:
+    """:class:`Candidates` in Python lists (the same attributes, one entry per node;
+    ``cells`` a list of ``columns`` cells per node)."""
+
+    tokens: list[int]
+    parents: list[int]
+    values: list[float]
+    depths: list[int]
+    cells: list[list[int]]
+    columns: int
+
+    @classmethod
+    def empty(cls, columns: int) -> Trie:
+        return cls([], [], [], [], [], columns)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    def take(self, index: Sequence[int]) -> Trie:
+        """The nodes ``index`` (a connected set, parents first), parents renumbered."""
+        remap = {old: new for new, old in enumerate(index)}
+        return Trie([self.tokens[i] for i in index],
+                    [remap.get(self.parents[i], -1) for i in index],
+                    [self.values[i] for i in index], [self.depths[i] for i in index],
+                    [self.cells[i] for i in index], self.columns)  # fmt: skip
+
+    def by_value(self) -> list[int]:
+        """Node indices, most valuable first, the earlier node first among equal values
+        (a parent before its children: a child is never worth more)."""
+        values = self.values
+        return sorted(range(len(values)), key=lambda i: -values[i])
+
+    def fuse(self, extra: Trie) -> Trie:
+        """:func:`fuse` on lists: this trie, grown in place by ``extra``'s nodes, returned."""
+        u_tok, u_par, u_val, u_dep, u_cells = (
+            self.tokens, self.parents, self.values, self.depths, self.cells,
+        )  # fmt: skip
+        child = {(p, t): i for i, (p, t) in enumerate(zip(u_par, u_tok, strict=True))}
+        where: list[int] = []
+        for t, p, v, d, c in zip(extra.tokens, extra.parents, extra.values, extra.depths,
+                                 extra.cells, strict=True):  # fmt: skip
+            parent = where[p] if p >= 0 else -1
+            i = child.get((parent, t))
+            if i is None:
+                i = len(u_tok)
+                child[(parent, t)] = i
+                u_tok.append(t)
+                u_par.append(parent)
+                u_val.append(v)
+                u_dep.append(d)
+                u_cells.append(c)
+            else:
+                u_val[i] = max(u_val[i], v)
+                u_cells[i] = [max(a, b) for a, b in zip(u_cells[i], c, strict=True)]
+            where.append(i)
+        return self
+
+    def subtree(self, chosen: Sequence[int]) -> tuple[DraftTree, Trie]:
+        """:func:`subtree` on lists."""
+        if not chosen:
+            return DraftTree.empty(), Trie.empty(self.columns)
+        depths = self.depths
+        kept = self.take(sorted(chosen, key=lambda i: depths[i]))  # stable: by depth, then value
+        return DraftTree.from_parents(kept.tokens, kept.parents), kept
 
 
 def fuse(base: Candidates, extra: Candidates) -> Candidates:
@@ -205,28 +305,7 @@ def fuse(base: Candidates, extra: Candidates) -> Candidates:
     cells of both (each column is a source; a source fills ``-1`` where it has none)."""
     if extra.num_nodes == 0:
         return base
-    u_tok, u_par, u_val = base.tokens.tolist(), base.parents.tolist(), base.values.tolist()
-    u_dep, u_cells = base.depths.tolist(), base.cells.tolist()
-    child = {(p, t): i for i, (p, t) in enumerate(zip(u_par, u_tok, strict=True))}
-    where: list[int] = []
-    for t, p, v, d, c in zip(extra.tokens.tolist(), extra.parents.tolist(),
-                             extra.values.tolist(), extra.depths.tolist(),
-                             extra.cells.tolist(), strict=True):  # fmt: skip
-        parent = where[p] if p >= 0 else -1
-        i = child.get((parent, t))
-        if i is None:
-            i = len(u_tok)
-            child[(parent, t)] = i
-            u_tok.append(t)
-            u_par.append(parent)
-            u_val.append(v)
-            u_dep.append(d)
-            u_cells.append(c)
-        else:
-            u_val[i] = max(u_val[i], v)
-            u_cells[i] = [max(a, b) for a, b in zip(u_cells[i], c, strict=True)]
-        where.append(i)
-    return Candidates.from_lists(u_tok, u_par, u_val, u_dep, u_cells, base.num_columns)
+    return Candidates.from_trie(base.to_trie().fuse(extra.to_trie()))
 
 
 def revalue(
@@ -280,14 +359,19 @@ def subtree(cands: Candidates, chosen: torch.Tensor) -> tuple[DraftTree, Candida
     Returns:
         The deterministic tree and the chosen candidates in the tree's node order.
     """
-    chosen = chosen[torch.argsort(cands.depths[chosen], stable=True)]
-    kept = cands.take(chosen)
-    return DraftTree.from_parents(kept.tokens, kept.parents), kept
+    tree, kept = cands.to_trie().subtree(chosen.tolist())
+    return tree, Candidates.from_trie(kept)
 
 
 def tried_and_hit(tree: DraftTree, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
     """bool, Shape: (N,) each: nodes whose parent was accepted (tried), and accepted nodes."""
-    on_path = torch.zeros(tree.num_nodes + 1, dtype=torch.bool)
-    on_path[0] = True
-    on_path[torch.tensor(verdict.accepted, dtype=torch.long) + 1] = True
-    return on_path[tree.parents + 1], on_path[1:]
+    tried, hit = tried_and_hit_lists(tree, verdict)
+    return torch.tensor(tried, dtype=torch.bool), torch.tensor(hit, dtype=torch.bool)
+
+
+def tried_and_hit_lists(tree: DraftTree, verdict: Verdict) -> tuple[list[bool], list[bool]]:
+    """:func:`tried_and_hit` as Python lists."""
+    on_path = {-1, *verdict.accepted}
+    return [p in on_path for p in tree.parents.tolist()], [
+        i in on_path for i in range(tree.num_nodes)
+    ]

@@ -68,6 +68,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import attrs
+import numpy as np
 import torch
 
 from verispec.core.tree import DraftTree
@@ -78,10 +79,10 @@ from verispec.drafters.candidates import (
     Calibration,
     CalibrationOptions,
     Candidates,
+    Trie,
     fuse,
     revalue,
-    subtree,
-    tried_and_hit,
+    tried_and_hit_lists,
     update_by_agreement,
 )
 from verispec.drafters.gate import DeviceSized
@@ -89,7 +90,6 @@ from verispec.drafters.prompt_lookup import PromptLookup
 from verispec.drafters.suffix import SOURCES, SuffixDrafter
 from verispec.drafters.token_recycling import row_topk_scored
 from verispec.errors import ConfigError, IncompatibleModelsError
-from verispec.kernels.reference import last_occurrence_mask
 
 __all__ = [
     "Calibration",
@@ -108,8 +108,13 @@ _CODE_STEP = 16.0  # score codes: log(score) in steps of 1/16, code 255 = score 
 
 def score_to_code(score: torch.Tensor) -> torch.Tensor:
     """uint8 code of scores in (0, 1]: ``255 + 16 ln(score)`` rounded, at least 1 (0 = unknown)."""
-    code = torch.round(255.0 + _CODE_STEP * score.float().clamp(min=1e-30).log())
-    return code.clamp_(1, 255).to(torch.uint8)
+    return torch.from_numpy(_codes(score.detach().cpu().float().numpy()))
+
+
+def _codes(score: np.ndarray) -> np.ndarray:
+    """:func:`score_to_code` of float32 scores, in NumPy (a drafter codes a few rows a step)."""
+    code = np.rint(np.float32(255.0) + np.float32(_CODE_STEP) * np.log(np.maximum(score, 1e-30)))
+    return np.clip(code, 1, 255).astype(np.uint8)
 
 
 def code_to_score(code: torch.Tensor) -> torch.Tensor:
@@ -227,7 +232,7 @@ class DynamicTokenRecycling(DeviceSized):
         # with suffix=True, every source's calibration in two: exclusive and shared nodes
         self._sources = [self.tr_calibration, self.pld_calibration, *self.suffix.calibrations]
         self._shared = [calibration.fresh() for calibration in self._sources]
-        self._last: tuple[DraftTree, torch.Tensor] | None = None  # the tree and its cells
+        self._last: tuple[DraftTree, list[list[int]]] | None = None  # the tree and its cells
         self.last_values = torch.empty(0, dtype=torch.float64)  # values of the last tree's nodes
         # budget="auto": the beam's width follows the sizes the rule chooses (see propose)
         self._auto_width = self.max_budget
@@ -274,7 +279,7 @@ class DynamicTokenRecycling(DeviceSized):
 
     # -- candidates -------------------------------------------------------------------
 
-    def _recycled(self, root: int, width: int, depth_cap: int) -> Candidates:
+    def _recycled(self, root: int, width: int, depth_cap: int) -> Trie:
         """Beam over the scored matrix, as a trie whose nodes are in beam order.
 
         Python lists over NumPy views of the matrix: a level holds at most ``width * K``
@@ -282,10 +287,10 @@ class DynamicTokenRecycling(DeviceSized):
         more in dispatch than in work (1 ms a step against 0.2 on the AVX2 EPYC)."""
         ids, codes = self._ids, self._codes
         if ids is None or codes is None or root >= ids.shape[0] or width == 0:
-            return Candidates.empty(_COLUMNS)
+            return Trie.empty(_COLUMNS)
         cal = self.tr_calibration
         buckets = self._tr_bucket_list  # the calibration bucket of each score code
-        rates = cal.rates().reshape(cal.depths, -1).tolist()  # (depths, B)
+        rates = cal.rate_rows()  # (depths, B)
         id_rows, code_rows = ids.numpy(), codes.numpy()
         offset = 32768 if ids.dtype == torch.int16 else 0
         nb = cal.num_buckets
@@ -324,24 +329,25 @@ class DynamicTokenRecycling(DeviceSized):
                 cell[_TR] = buckets[code] + row * nb
                 cells.append(cell)
             best = sorted(best + [level[i][0] for i in top], reverse=True)[:width]
-        return Candidates.from_lists(tokens, parents, values, depths, cells, _COLUMNS)
+        return Trie(tokens, parents, values, depths, cells, _COLUMNS)
 
-    def _looked_up(self, tokens: list[int], depth_cap: int) -> Candidates:
-        """Prompt-lookup trie with calibrated values."""
-        cand = self.lookup.candidates(tokens, max_depth=depth_cap)
-        if cand.num_nodes == 0:
-            return Candidates.empty(_COLUMNS)
-        parent_share = torch.where(cand.parents >= 0, cand.share[cand.parents.clamp(min=0)], 1.0)
-        agree = cand.share / parent_share  # share of matches that continue this way
-        cell = self.pld_calibration.cells(cand.depth, agree)
-        rate = self.pld_calibration.rates()[cell]
-        value = rate.clone()
-        for depth in range(2, int(cand.depth.max()) + 1):  # one op per level: parents first
-            at = cand.depth == depth
-            value[at] = rate[at] * value[cand.parents[at]]
-        cells = torch.full((cand.num_nodes, _COLUMNS), -1, dtype=torch.long)
-        cells[:, _PLD] = cell
-        return Candidates(cand.tokens, cand.parents, value, cand.depth, cells)
+    def _looked_up(self, tokens: list[int], depth_cap: int) -> Trie:
+        """Prompt-lookup trie with calibrated values (parents first, so a parent's value
+        is known before its children's)."""
+        toks, parents, depths, share, _ = self.lookup.candidate_lists(tokens, max_depth=depth_cap)
+        cal = self.pld_calibration
+        rates = cal.rates().tolist()
+        values: list[float] = []
+        cells: list[list[int]] = []
+        for parent, depth, own in zip(parents, depths, share, strict=True):
+            # the share of matches that continue this way
+            agree = own / share[parent] if parent >= 0 else own
+            cell = cal.cell(depth - 1, agree)
+            values.append(rates[cell] * (values[parent] if parent >= 0 else 1.0))
+            row = [-1] * _COLUMNS
+            row[_PLD] = cell
+            cells.append(row)
+        return Trie(toks, parents, values, depths, cells, _COLUMNS)
 
     # -- Drafter protocol -------------------------------------------------------------
 
@@ -373,24 +379,26 @@ class DynamicTokenRecycling(DeviceSized):
         if self.budget == "auto":  # no wider than 2 n + 8, no deeper than n + 3 (n: the last size)
             width = min(width, self._auto_width)
             depth_cap = min(depth_cap, max(self._auto_width // 2 - 1, 1))
-        cands = self._recycled(state.tokens[-1], width, depth_cap)
-        if width > 0 and cands.num_nodes > width:  # the top `width` of the beam: a connected tree
-            cands = cands.take(torch.topk(cands.values, width).indices.sort().values)
+        trie = self._recycled(state.tokens[-1], width, depth_cap)
+        if width > 0 and trie.num_nodes > width:  # the top `width` of the beam: a connected tree
+            trie = trie.take(sorted(trie.by_value()[:width]))
         if self.use_lookup and width > 0:
-            cands = fuse(cands, self._looked_up(state.tokens, depth_cap))
+            trie = trie.fuse(self._looked_up(state.tokens, depth_cap))
         if self.use_suffix and width > 0:
             found = self.suffix.candidates(state.tokens, width, depth_cap)
-            cands = revalue(fuse(cands, found.placed(_COLUMNS, _SUFFIX)), self._sources,
-                            self._shared)  # fmt: skip
-        order = torch.argsort(cands.values, descending=True, stable=True)  # parents first
+            trie = revalue(fuse(Candidates.from_trie(trie), found.placed(_COLUMNS, _SUFFIX)),
+                           self._sources, self._shared).to_trie()  # fmt: skip
+        order = trie.by_value()  # parents first
         if self.sized_by_device:
             assert self.latency is not None
-            n = choose_budget(cands.values[order][:width], self.latency, context=len(state.tokens))
+            values = trie.values
+            n = choose_budget([values[i] for i in order[:width]], self.latency,
+                              context=len(state.tokens))  # fmt: skip
             self._auto_width = min(self.max_budget, 2 * n + 8)
         else:
             n = int(self.budget)
-        tree, kept = subtree(cands, order[: min(n, width)])
-        self.last_values = kept.values
+        tree, kept = trie.subtree(order[: min(n, width)])
+        self.last_values = torch.tensor(kept.values, dtype=torch.float64)
         self._last = (tree, kept.cells)
         return tree
 
@@ -414,20 +422,24 @@ class DynamicTokenRecycling(DeviceSized):
         top, score = row_topk_scored(logits, k)  # (N + 1, K) each
         tree = outcome.tree
         root = outcome.state.tokens[-outcome.verdict.num_committed - 1]
-        scored = torch.cat([torch.tensor([root]), tree.tokens])  # (N + 1,)
-        keep = last_occurrence_mask(scored)
-        rows = scored[keep]
-        ids[rows, :k] = _encode(top[keep].cpu(), ids.dtype)
-        codes[rows, :k] = score_to_code(score[keep].cpu())
+        scored = [root, *tree.tokens.tolist()]  # the token of each scored row
+        # last writer wins: the rows of tokens that occur again later in the tree are skipped
+        keep = sorted({token: row for row, token in enumerate(scored)}.values())
+        rows = [scored[row] for row in keep]
+        ids.numpy()[rows, :k] = _encode(top.cpu()[keep], ids.dtype).numpy()
+        codes.numpy()[rows, :k] = _codes(score.cpu().numpy()[keep])
         if self._last is not None and self._last[0] is tree:
-            tried, hit = tried_and_hit(tree, outcome.verdict)
+            tried, hit = tried_and_hit_lists(tree, outcome.verdict)
             cells = self._last[1]
             if self.use_suffix:
-                update_by_agreement(cells, tried, hit, self._sources, self._shared)
+                cell_t = torch.tensor(cells, dtype=torch.long).reshape(len(cells), _COLUMNS)
+                update_by_agreement(cell_t, torch.tensor(tried, dtype=torch.bool),
+                                    torch.tensor(hit, dtype=torch.bool), self._sources,
+                                    self._shared)  # fmt: skip
             else:
-                self.tr_calibration.update(cells[:, _TR], tried, hit)
+                self.tr_calibration.count([c[_TR] for c in cells], tried, hit)
                 if self.use_lookup:
-                    self.pld_calibration.update(cells[:, _PLD], tried, hit)
+                    self.pld_calibration.count([c[_PLD] for c in cells], tried, hit)
         self._last = None
         if self.use_lookup:
             self.lookup.observe(outcome)

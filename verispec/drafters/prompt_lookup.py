@@ -43,7 +43,7 @@ from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
 from verispec.core.validate import integer, integer_or_auto, interval, option
 from verispec.drafters.budget import LatencyTable, choose_budget
-from verispec.drafters.candidates import tried_and_hit
+from verispec.drafters.candidates import tried_and_hit_lists
 from verispec.drafters.gate import DeviceSized
 from verispec.errors import ConfigError
 
@@ -227,6 +227,19 @@ class PromptLookup(DeviceSized):
             tokens: the committed context; its last token is the root.
             max_depth: longest continuation taken (default ``max_tokens``).
         """
+        toks, parents, depths, share, ranks = self.candidate_lists(tokens, max_depth)
+        return LookupCandidates(
+            tokens=torch.tensor(toks, dtype=torch.long),
+            parents=torch.tensor(parents, dtype=torch.long),
+            depth=torch.tensor(depths, dtype=torch.long),
+            share=torch.tensor(share, dtype=torch.float64),
+            rank=torch.tensor(ranks, dtype=torch.long),
+        )
+
+    def candidate_lists(
+        self, tokens: list[int], max_depth: int | None = None
+    ) -> tuple[list[int], list[int], list[int], list[float], list[int]]:
+        """:meth:`candidates` as Python lists: tokens, parents, depths, shares, ranks."""
         depth_cap = self.most_nodes if max_depth is None else max_depth
         found = self.matches(tokens)
         node_of: dict[tuple[int, int], int] = {}
@@ -254,13 +267,7 @@ class PromptLookup(DeviceSized):
                 weights[node] += weight
                 parent = node
         share = [w / total for w in weights] if total else []
-        return LookupCandidates(
-            tokens=torch.tensor(toks, dtype=torch.long),
-            parents=torch.tensor(parents, dtype=torch.long),
-            depth=torch.tensor(depths, dtype=torch.long),
-            share=torch.tensor(share, dtype=torch.float64),
-            rank=torch.tensor(ranks, dtype=torch.long),
-        )
+        return toks, parents, depths, share, ranks
 
     # -- Drafter protocol -------------------------------------------------------------
 
@@ -291,24 +298,26 @@ class PromptLookup(DeviceSized):
         budget = min(self.most_nodes, state.max_nodes)
         if budget <= 0:
             return DraftTree.empty()
-        cand = self.candidates(state.tokens)
-        if cand.num_nodes == 0:
+        tokens, parents, depth, share, rank = self.candidate_lists(state.tokens)
+        if not tokens:
             return DraftTree.empty()
         alpha = self._hits / self._tried if self.sized_by_device else self.acceptance
-        depth = cand.depth.tolist()
         if self.tree:
-            share, rank = cand.share.tolist(), cand.rank.tolist()
             value = [alpha**d * s for d, s in zip(depth, share, strict=True)]  # never up a path
-            best = sorted(range(cand.num_nodes), key=lambda i: (-value[i], rank[i], depth[i]))
+            best = sorted(range(len(tokens)), key=lambda i: (-value[i], rank[i], depth[i]))
         else:
-            best = list(range(cand.num_nodes))  # one occurrence: a chain
+            best = list(range(len(tokens)))  # one occurrence: a chain
             value = [alpha**d for d in depth]
         best = best[:budget]
         if self.sized_by_device:
             assert self.latency is not None
             values = [value[i] for i in best]
             best = best[: choose_budget(values, self.latency, context=len(state.tokens))]
-        return _subtree(cand, torch.tensor(best, dtype=torch.long))
+        # the nodes `best` (a connected set, parents first) as a tree
+        new_index = {node: i for i, node in enumerate(best)}
+        return DraftTree.from_parents(
+            [tokens[i] for i in best], [new_index.get(parents[i], -1) for i in best]
+        )
 
     def observe(self, outcome: StepOutcome) -> None:
         """Index the newly committed tokens (``"auto"``: and learn the acceptance)."""
@@ -317,9 +326,9 @@ class PromptLookup(DeviceSized):
     def _learn(self, outcome: StepOutcome) -> None:
         self.index.sync(outcome.state.tokens)  # (a skipped sync is caught up by the next)
         if self._last is not None and self._last is outcome.tree:  # learn the acceptance
-            tried, hit = tried_and_hit(outcome.tree, outcome.verdict)
-            self._tried = _DECAY * self._tried + int(tried.sum())
-            self._hits = _DECAY * self._hits + int(hit.sum())
+            tried, hit = tried_and_hit_lists(outcome.tree, outcome.verdict)
+            self._tried = _DECAY * self._tried + sum(tried)
+            self._hits = _DECAY * self._hits + sum(hit)
         self._last = None
 
     def reset(self) -> None:
@@ -329,12 +338,3 @@ class PromptLookup(DeviceSized):
         self._last = None
         if self.gate is not None:
             self.gate.reset()
-
-
-def _subtree(cand: LookupCandidates, order: torch.Tensor) -> DraftTree:
-    """The trie nodes ``order`` (a connected set, parents first) as a DraftTree."""
-    new_index = torch.full((cand.num_nodes,), -1, dtype=torch.long)
-    new_index[order] = torch.arange(order.numel())
-    parents = cand.parents[order]
-    parents = torch.where(parents >= 0, new_index[parents.clamp(min=0)], -1)
-    return DraftTree.from_parents(cand.tokens[order], parents)

@@ -69,7 +69,7 @@ from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
 from verispec.core.validate import integer, option
 from verispec.drafters.budget import LatencyTable, choose_budget
-from verispec.drafters.candidates import tried_and_hit
+from verispec.drafters.candidates import tried_and_hit_lists
 from verispec.drafters.gate import DeviceSized
 from verispec.drafters.templates import TEMPLATES, TemplateSpec, resolve_template
 from verispec.errors import ConfigError, IncompatibleModelsError
@@ -270,7 +270,7 @@ class TokenRecycling(DeviceSized):
         self._slot_hits = self._slot_tried * _slot_prior(k)
         # the template's nodes by value, and their values, until the slots' rates change
         self._valued: tuple[list[int], list[float]] | None = None
-        self._last: tuple[DraftTree, torch.Tensor] | None = None  # the tree, its slots
+        self._last: tuple[DraftTree, list[int]] | None = None  # the tree, its nodes' slots
         self._parent_list: list[int] = self.template.parents.tolist()
         self._slot_list: list[int] = self.template.slots.tolist()
         self.prune_unknown = prune_unknown
@@ -407,7 +407,7 @@ class TokenRecycling(DeviceSized):
         tree = DraftTree.from_parents(
             [token_of[i] for i in kept], [new_index[parents[i]] for i in kept]
         )
-        self._last = (tree, torch.tensor([slots[i] for i in kept], dtype=torch.long))
+        self._last = (tree, [slots[i] for i in kept])
         return tree
 
     def _zeros_tree(self) -> DraftTree:
@@ -430,11 +430,13 @@ class TokenRecycling(DeviceSized):
     def _learn(self, outcome: StepOutcome) -> None:
         self._update(outcome)
         if self._last is not None and self._last[0] is outcome.tree:  # learn the slots' rates
-            tried, hit = tried_and_hit(outcome.tree, outcome.verdict)
-            slots = self._last[1]
-            ones = torch.ones(slots.numel(), dtype=torch.float64)
-            self._slot_tried.mul_(_SLOT_DECAY).index_add_(0, slots[tried], ones[tried])
-            self._slot_hits.mul_(_SLOT_DECAY).index_add_(0, slots[hit], ones[hit])
+            tried, hit = tried_and_hit_lists(outcome.tree, outcome.verdict)
+            slot_tried, slot_hits = self._slot_tried.numpy(), self._slot_hits.numpy()  # views
+            slot_tried *= _SLOT_DECAY
+            slot_hits *= _SLOT_DECAY
+            for slot, was_tried, was_hit in zip(self._last[1], tried, hit, strict=True):
+                slot_tried[slot] += was_tried
+                slot_hits[slot] += was_hit
             self._valued = None
         self._last = None
 
