@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from verispec import SpeculativeDecoder
 from verispec.core import (
@@ -19,7 +21,12 @@ from verispec.drafters.templates import TEMPLATES
 from verispec.drafters.token_recycling import row_topk
 from verispec.errors import ConfigError, IncompatibleModelsError, TreeStructureError
 from verispec.kernels import cpu_topk
-from verispec.kernels.reference import expand_template, last_occurrence_mask
+from verispec.kernels.reference import (
+    expand_template,
+    last_occurrence_mask,
+    last_rows,
+    update_adjacency,
+)
 from verispec.verifiers import Greedy
 
 SMALL = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
@@ -127,6 +134,28 @@ def test_last_occurrence_mask() -> None:
     """The mask keeps exactly the last position of each distinct token."""
     tokens = torch.tensor([4, 1, 4, 2, 1, 4])
     assert last_occurrence_mask(tokens).tolist() == [False, False, False, True, True, True]
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=12))
+def test_last_rows_are_the_mask_positions(tokens: list[int]) -> None:
+    """The host form (a drafter's few rows) keeps the rows the tensor mask keeps."""
+    mask = last_occurrence_mask(torch.tensor(tokens))
+    assert last_rows(tokens) == mask.nonzero().squeeze(1).tolist()
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=12), st.integers(0, 2**31 - 1))
+def test_update_adjacency_is_the_writes_in_row_order(tokens: list[int], seed: int) -> None:
+    """The update leaves the matrix as writing each row's top-K in row order would (a token
+    scored at several rows keeps its last row's), on a strided view of the matrix as the
+    drafter passes it."""
+    generator = torch.Generator().manual_seed(seed)
+    top = torch.randint(0, 1000, (len(tokens), 3), generator=generator)
+    adjacency = torch.full((6, 4), -1, dtype=torch.int32)
+    update_adjacency(adjacency[:, :3], torch.tensor(tokens), top)
+    want = torch.full((6, 4), -1, dtype=torch.int32)
+    for row, token in enumerate(tokens):
+        want[token, :3] = top[row].to(torch.int32)
+    assert torch.equal(adjacency, want)
 
 
 @pytest.mark.parametrize("c_kernel", [True, False])

@@ -90,6 +90,7 @@ from verispec.drafters.prompt_lookup import PromptLookup
 from verispec.drafters.suffix import SOURCES, SuffixDrafter
 from verispec.drafters.token_recycling import row_topk_scored
 from verispec.errors import ConfigError, IncompatibleModelsError
+from verispec.kernels.reference import last_rows
 
 __all__ = [
     "Calibration",
@@ -423,8 +424,7 @@ class DynamicTokenRecycling(DeviceSized):
         tree = outcome.tree
         root = outcome.state.tokens[-outcome.verdict.num_committed - 1]
         scored = [root, *tree.tokens.tolist()]  # the token of each scored row
-        # last writer wins: the rows of tokens that occur again later in the tree are skipped
-        keep = sorted({token: row for row, token in enumerate(scored)}.values())
+        keep = last_rows(scored)  # last writer wins: a token scored twice keeps its later row
         rows = [scored[row] for row in keep]
         ids.numpy()[rows, :k] = _encode(top.cpu()[keep], ids.dtype).numpy()
         codes.numpy()[rows, :k] = _codes(score.cpu().numpy()[keep])

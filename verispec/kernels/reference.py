@@ -47,6 +47,7 @@ __all__ = [
     "fixed_point",
     "greedy_verify",
     "last_occurrence_mask",
+    "last_rows",
     "law_code",
     "rejection_verify",
     "rejection_walk",
@@ -684,8 +685,20 @@ def update_adjacency(
         row_tokens: int64, Shape: (M,). Token scored at each row (root first, then nodes).
         topk_ids: integer, Shape: (M, K). The target's top-K ids at each row.
     """
+    if adjacency.device.type == "cpu" and row_tokens.device.type == "cpu":
+        # a drafter's few rows on the host: NumPy views, no tensor operator
+        tokens = row_tokens.tolist()
+        keep = last_rows(tokens)
+        adjacency.numpy()[[tokens[i] for i in keep]] = topk_ids.cpu().numpy()[keep]
+        return
     last = last_occurrence_mask(row_tokens)  # (M,)
     adjacency[row_tokens[last]] = topk_ids[last].to(adjacency.dtype)
+
+
+def last_rows(tokens: Sequence[int]) -> list[int]:
+    """The rows of :func:`last_occurrence_mask`, increasing: for each distinct token, the
+    last position it occurs at (on the host, for a drafter's few rows)."""
+    return sorted({token: row for row, token in enumerate(tokens)}.values())
 
 
 # -- KV compaction ----------------------------------------------------------------------
