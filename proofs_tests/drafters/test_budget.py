@@ -145,6 +145,19 @@ def test_step_time_depends_on_the_context() -> None:
     assert round_trip == table
 
 
+@pytest.mark.parametrize("context", [None, 10, 256, 640, 1024, 1792, 5000])
+def test_upto_reads_the_table_as_at_does(context: int | None) -> None:
+    """upto (and its list form, which drafters read every step) gives T(0..limit) as `at`
+    does, between the measured sizes and contexts and beyond them."""
+    table = LatencyTable(
+        [0, 1, 4, 16], [1.0, 1.1, 1.3, 2.0], contexts=[256, 1024], longer=[[1.2, 1.5, 2.5, 4.8]]
+    )
+    for limit in (0, 3, 20):
+        want = table.at(list(range(limit + 1)), context=context)
+        assert table.upto_list(limit, context) == pytest.approx(want.tolist(), rel=1e-12)
+        assert torch.allclose(table.upto(limit, context), want, rtol=1e-12, atol=0)
+
+
 def test_contexts_must_match_the_rows() -> None:
     """A context per row, increasing: anything else is refused with ConfigError."""
     with pytest.raises(ConfigError, match="contexts must be increasing"):

@@ -118,7 +118,7 @@ class LatencyTable:
     longer: tuple[tuple[float, ...], ...] = attrs.field(
         default=(), converter=_rows, validator=_check_table
     )
-    _dense: dict[int, torch.Tensor] = attrs.field(
+    _dense: dict[int, list[list[float]]] = attrs.field(
         factory=dict, init=False, eq=False, repr=False
     )  # upto()'s rows, by limit
 
@@ -152,26 +152,32 @@ class LatencyTable:
 
     def upto(self, limit: int, context: int | None = None) -> torch.Tensor:
         """``T(0), ..., T(limit)`` after ``context`` committed tokens: :meth:`at` of
-        ``arange(limit + 1)``, from rows interpolated once per limit (a drafter asks every
-        step).
+        ``arange(limit + 1)``, from rows interpolated once per limit.
 
         Returns:
             float64, Shape: (limit + 1,).
         """
+        return torch.tensor(self.upto_list(limit, context), dtype=torch.float64)
+
+    def upto_list(self, limit: int, context: int | None = None) -> list[float]:
+        """:meth:`upto` as a Python list (a drafter asks every step it drafts, where a
+        tensor operator costs more than the few numbers)."""
         rows = self._dense.get(limit)
         if rows is None:
             n = torch.arange(limit + 1, dtype=torch.float64)
             xs = torch.tensor(self.sizes, dtype=torch.float64)
-            rows = torch.stack(
-                [_interpolate(xs, torch.tensor(row, dtype=torch.float64), n) for row in self.rows]
-            )
+            rows = [
+                _interpolate(xs, torch.tensor(row, dtype=torch.float64), n).tolist()
+                for row in self.rows
+            ]
             self._dense[limit] = rows
-        if context is None or rows.shape[0] == 1:
-            return rows[0]
+        if context is None or len(rows) == 1:
+            return list(rows[0])
         at = float(max(context, self.contexts[0]))
         hi = min(max(bisect_right(self.contexts, at), 1), len(self.contexts) - 1)
         lo_c, hi_c = self.contexts[hi - 1], self.contexts[hi]
-        return torch.lerp(rows[hi - 1], rows[hi], (at - lo_c) / (hi_c - lo_c))
+        weight = (at - lo_c) / (hi_c - lo_c)
+        return [a + weight * (b - a) for a, b in zip(rows[hi - 1], rows[hi], strict=True)]
 
     @property
     def max_size(self) -> int:
@@ -231,7 +237,7 @@ def choose_budget(
     if isinstance(values_sorted_desc, torch.Tensor):
         values_sorted_desc = values_sorted_desc.reshape(-1).tolist()
     values = [float(v) for v in values_sorted_desc]  # M is small: Python beats tensor ops
-    times = latency.upto(len(values), context).tolist()
+    times = latency.upto_list(len(values), context)
     best, best_rate, expected = 0, 1.0 / times[0], 1.0
     for n, value in enumerate(values, 1):
         expected += value

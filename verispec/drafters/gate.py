@@ -121,7 +121,7 @@ class DraftGate:
         """``g`` of a step that sent ``nodes`` and had ``accepted`` accepted, with the
         drafter's time so far in this step. The step's and the plain step's seconds are the
         measured ones where known (the same machine load for both), else the table's."""
-        times = self.latency.upto(nodes, context)
+        times = self.latency.upto_list(nodes, context)
         step = self._step_s if self._step_s is not None else float(times[nodes])
         if nodes == 0:  # a plain step that paid for drafting: a loss by construction
             return step / (step + self._spent)
