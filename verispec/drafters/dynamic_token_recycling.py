@@ -336,6 +336,8 @@ class DynamicTokenRecycling(DeviceSized):
         """Prompt-lookup trie with calibrated values (parents first, so a parent's value
         is known before its children's)."""
         toks, parents, depths, share, _ = self.lookup.candidate_lists(tokens, max_depth=depth_cap)
+        if not toks:  # no match: nothing to value
+            return Trie.empty(_COLUMNS)
         cal = self.pld_calibration
         rates = cal.rates().tolist()
         values: list[float] = []

@@ -665,10 +665,8 @@ def last_occurrence_mask(tokens: torch.Tensor) -> torch.Tensor:
     Args:
         tokens: int64, Shape: (M,).
     """
-    index = torch.arange(tokens.numel(), device=tokens.device)
-    # (M, M): the same token at a later row (no triu: on a bool matrix it cost up to 0.1 ms)
-    later = (tokens[:, None] == tokens[None, :]) & (index[None, :] > index[:, None])
-    return ~later.any(dim=1)
+    same = tokens[:, None] == tokens[None, :]  # (M, M)
+    return ~torch.triu(same, diagonal=1).any(dim=1)
 
 
 def update_adjacency(
