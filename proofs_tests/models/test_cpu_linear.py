@@ -398,6 +398,37 @@ def test_c_attention_row_depends_only_on_its_keys() -> None:
     )
 
 
+@needs_kernel
+@pytest.mark.parametrize("start", [0, 5, 300, 301, 303])
+def test_c_attention_row_ignores_the_rows_after_it_and_the_threads(start: int) -> None:
+    """A row's bits do not depend on how many rows follow it in the pass or on the thread
+    count: the pass sweeps each key block once for all rows of a KV group, and the keys at
+    the end of a short pass (scored one by one) fall into whole blocks of eight (scored
+    together) when later rows lengthen it."""
+    from verispec.models.cpu_attention import attend_cpu
+
+    g = torch.Generator().manual_seed(start)
+    cache_k = torch.randn(3, 384, 64, generator=g)
+    cache_v = torch.cat([torch.randn(3, 384, 64, generator=g), torch.ones(3, 384, 1)], -1)
+    q = torch.randn(21, 9, 64, generator=g) * 0.3
+    k, v = torch.randn(21, 3, 64, generator=g), torch.randn(21, 3, 64, generator=g)
+    where, one = torch.tensor([start, 384]), torch.ones(1, 1).bool()
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = attend_cpu(q[:1], k[:1], v[:1], cache_k.clone(), cache_v.clone(), where, one)
+        for rows in (2, 5, 8, 13, 21):
+            mask = (torch.rand(rows, rows, generator=g) < 0.5).tril() | torch.eye(rows).bool()
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                out = attend_cpu(
+                    q[:rows], k[:rows], v[:rows], cache_k.clone(), cache_v.clone(), where, mask
+                )
+                assert torch.equal(out[:1], alone), (rows, threads)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
 def _layer_inputs(model: FastModel, queries: int, seed: int) -> tuple:
     g = torch.Generator().manual_seed(seed)
     args = model.transformer.args

@@ -6,12 +6,19 @@ ms a layer for one token after 300, of which the products are 0.09). :func:`atte
 does the same in one call to the C kernel built with the block products
 (:mod:`verispec.models.cpu_linear`): cache write, scores, mask, softmax and value product.
 
-Each query row is computed alone, from the keys it sees in slot order (every committed
-slot, then the local slots its mask allows), its sums accumulated key by key in that
-order: a row's bits depend only on its own keys, so a tree node equals decoding its path
-one token at a time by construction, at any context length (no value blocks to re-sum,
-see docs/runtime.rst). Its results differ from :func:`~verispec.models.llama.attend`'s by
-rounding (another summation order, its own vectorised ``exp``).
+Each query row has its own arithmetic, over the keys it sees in slot order (every
+committed slot, then the local slots its mask allows), its sums accumulated key by key in
+that order: a row's bits depend only on its own keys, so a tree node equals decoding its
+path one token at a time by construction, at any context length (no value blocks to
+re-sum, see docs/runtime.rst). Its results differ from
+:func:`~verispec.models.llama.attend`'s by rounding (another summation order, its own
+vectorised ``exp``).
+
+What the rows of a pass share is memory: all rows of one KV group (its heads, for every
+token of the pass) read the same cached keys and values, and the kernel reads each key
+block and value line once for all of them. An extra tree row costs its arithmetic, not
+another sweep of the cache (at 1,000 tokens of context, a 4-row pass's attention went from
+10.7 to 8.0 ms on one thread of the AVX-512 EPYC, 30 layers; the bits are the same).
 """
 
 from __future__ import annotations
