@@ -429,6 +429,37 @@ def test_c_attention_row_ignores_the_rows_after_it_and_the_threads(start: int) -
         torch.set_num_threads(threads_before)
 
 
+@needs_kernel
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU has no AVX-512")
+def test_avx512_attention_equals_the_avx2_attention_bit_for_bit() -> None:
+    """The native AVX-512 build's attention (value blocks of 64 lanes) gives every bit the
+    AVX2 build gives (blocks of 32 lanes), for 1 to 13 tree rows on one or two threads."""
+    narrow = cpu_linear._build(("-mno-avx512f",))
+    native = cpu_linear.library()
+    assert native is not None
+    g = torch.Generator().manual_seed(5)
+    cache_k = torch.randn(3, 384, 64, generator=g)
+    cache_v = torch.cat([torch.randn(3, 384, 64, generator=g), torch.ones(3, 384, 1)], -1)
+    q = torch.randn(13, 9, 64, generator=g) * 0.3
+    k, v = torch.randn(13, 3, 64, generator=g), torch.randn(13, 3, 64, generator=g)
+
+    def attention(lib: ctypes.CDLL, rows: int, mask: torch.Tensor, threads: int) -> torch.Tensor:
+        ck, cv, out = cache_k.clone(), cache_v.clone(), torch.empty(rows, 9 * 64)
+        m = mask.contiguous().view(torch.uint8)
+        status = lib.vs_attend(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), ck.data_ptr(), cv.data_ptr(), 384,
+            rows, 9, 3, 64, 299, m.data_ptr(), rows, out.data_ptr(), threads,
+        )  # fmt: skip
+        assert status == 0
+        return out
+
+    for rows in range(1, 14):
+        mask = (torch.rand(rows, rows, generator=g) < 0.5).tril() | torch.eye(rows).bool()
+        expected = attention(narrow, rows, mask, 1)
+        for threads in (1, 2):
+            assert torch.equal(attention(native, rows, mask, threads), expected), rows
+
+
 def _layer_inputs(model: FastModel, queries: int, seed: int) -> tuple:
     g = torch.Generator().manual_seed(seed)
     args = model.transformer.args

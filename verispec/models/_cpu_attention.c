@@ -13,8 +13,8 @@
  * What the rows share is memory: the rows of one KV group (its G heads for every token of
  * the pass) read the same cached keys and values. The kernel sweeps the cache once per
  * group for all of them: scores are computed a block of eight keys at a time for every
- * row of the group (the block stays in L1), and values 32 output lanes at a time for
- * blocks of three rows, their chains interleaved. An extra tree row then costs its
+ * row of the group (the block stays in L1), and values 64 output lanes (AVX2: 32) at a
+ * time for blocks of three rows, their chains interleaved. An extra tree row then costs its
  * arithmetic, not another read of the cache. Phases (one barrier each): scores for every
  * slot, split by (group, key chunk); each row's softmax over the slots it sees, in
  * place; weighted values, split by (group, row block, lane chunk); the division.
@@ -29,7 +29,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Three rows' accumulators for 64 output lanes fill 24 of AVX-512's 32 vector registers;
+ * with AVX2's 16, a block takes 32 lanes. */
+#ifdef __AVX512F__
+enum { KEY_CHUNK = 64, ROW_BLOCK = 3, LANE_CHUNK = 64 };
+#else
 enum { KEY_CHUNK = 64, ROW_BLOCK = 3, LANE_CHUNK = 32 };
+#endif
 
 /* Eight scores at once, each hsum8 of its chain bit for bit (the same pairs added in the
  * same order): out = (hsum8(c[0]), ..., hsum8(c[7])). */
@@ -120,7 +126,9 @@ int vs_attend(const float *q, const float *k, const float *v, float *cache_k, fl
         return -1;
     }
     const int64_t key_chunks = (slots + KEY_CHUNK - 1) / KEY_CHUNK, blocks = (R + ROW_BLOCK - 1) / ROW_BLOCK;
-    const int64_t lane_chunks = (D + LANE_CHUNK - 1) / LANE_CHUNK;
+    /* Lanes per value item: LANE_CHUNK, or 32 where that leaves a thread without work
+     * (one token's rows on two threads: three groups, six items of 32 lanes). */
+    const int64_t chunk = Hkv * blocks >= 2 * threads ? LANE_CHUNK : 32, lane_chunks = (D + chunk - 1) / chunk;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
         /* Scores for every slot: a block of 8 keys for every row of the group, while the
@@ -158,8 +166,8 @@ int vs_attend(const float *q, const float *k, const float *v, float *cache_k, fl
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < Hkv * blocks * lane_chunks; item++) {
             const int64_t g = item / (blocks * lane_chunks), r0 = item / lane_chunks % blocks * ROW_BLOCK;
-            const int64_t d0 = item % lane_chunks * LANE_CHUNK, rows = R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK;
-            const int lanes = (int)((D - d0 < LANE_CHUNK ? D - d0 : LANE_CHUNK) / 8);
+            const int64_t d0 = item % lane_chunks * chunk, rows = R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK;
+            const int lanes = (int)((D - d0 < chunk ? D - d0 : chunk) / 8);
             const float *vals = cache_v + g * cap * ldv + d0, *wr[ROW_BLOCK];
             const uint8_t *mrow[ROW_BLOCK];
             float *o[ROW_BLOCK];
@@ -171,6 +179,11 @@ int vs_attend(const float *q, const float *k, const float *v, float *cache_k, fl
             if (lanes == 4 && rows == 3) values_block(vals, ldv, first, wr, mrow, W, o, sums, 3, 4);
             else if (lanes == 4 && rows == 2) values_block(vals, ldv, first, wr, mrow, W, o, sums, 2, 4);
             else if (lanes == 4 && rows == 1) values_block(vals, ldv, first, wr, mrow, W, o, sums, 1, 4);
+#ifdef __AVX512F__
+            else if (lanes == 8 && rows == 3) values_block(vals, ldv, first, wr, mrow, W, o, sums, 3, 8);
+            else if (lanes == 8 && rows == 2) values_block(vals, ldv, first, wr, mrow, W, o, sums, 2, 8);
+            else if (lanes == 8 && rows == 1) values_block(vals, ldv, first, wr, mrow, W, o, sums, 1, 8);
+#endif
             else values_block(vals, ldv, first, wr, mrow, W, o, sums, (int)rows, lanes);
         }
         /* The division by the sums. */
