@@ -128,6 +128,50 @@ def test_drafting_that_never_pays_costs_a_probe_every_max_skip_steps() -> None:
     assert drafted <= 5 + 200 // 17
 
 
+def test_an_unpaid_probe_never_ends_the_backing_off() -> None:
+    """Probes the drafter marks unpaid (sent only to keep learning) do not end the backing
+    off even when every one wins; the same winning probes, paid for, end it at once."""
+    clock = FakeClock()
+    gate = DraftGate(FLAT, max_skip=4, smoothing=1.0, clock=clock)
+
+    def probe(unpaid: bool) -> bool:
+        drafted = gate.drafting()
+        if drafted and unpaid:
+            gate.unpaid()
+        gate.record(1 if drafted else 0, 1 if drafted else 0, context=10)
+        return drafted
+
+    gate.skip = gate._left = 4  # backing off
+    gate.gain = 0.5
+    pattern = [probe(unpaid=True) for _ in range(15)]
+    assert pattern == ([False] * 4 + [True]) * 3  # every probe won (gain 2), skip kept
+    assert gate.gain is not None and gate.gain >= 1 and gate.skip == 4
+    while not probe(unpaid=False):
+        pass
+    assert gate.skip == 0 and all(probe(unpaid=False) for _ in range(5))
+
+
+def test_restart_keeps_the_backing_off_and_probes_first() -> None:
+    """restart (a new sequence for Token Recycling): the first step drafts; if it loses,
+    the drafter sits out max_skip steps at once, where after reset the doubling starts
+    again from one step. The plain step's measured seconds are forgotten by both."""
+    clock = FakeClock()
+    gate = DraftGate(STEEP, max_skip=4, smoothing=1.0, clock=clock)
+    for _ in range(12):
+        _step(gate, clock, nodes=1, accepted=0, spent=0.0)
+    assert gate.skip == 4
+    gate.plain_s = 0.5
+    gate.restart()
+    assert gate.plain_s is None and gate.skip == 4 and gate.gain is not None
+    pattern = [_step(gate, clock, nodes=1, accepted=0, spent=0.0) for _ in range(6)]
+    assert pattern == [True] + [False] * 4 + [True]
+    gate.plain_s = 0.5
+    gate.reset()
+    assert gate.plain_s is None and gate.gain is None and gate.skip == 0
+    pattern = [_step(gate, clock, nodes=1, accepted=0, spent=0.0) for _ in range(6)]
+    assert pattern == [True, False, True, False, False, True]
+
+
 def test_reset_forgets_the_gain_and_the_backing_off() -> None:
     clock = FakeClock()
     gate = DraftGate(STEEP, clock=clock)
@@ -180,6 +224,33 @@ def test_auto_with_a_steep_table_probes_with_one_node_then_backs_off() -> None:
     logits = torch.zeros(2, 12)
     drafter.observe(StepOutcome(tree, logits, Verdict((), 5), _state([3, 5])))
     assert drafter.propose(_state([3, 5])).num_nodes == 0  # backing off
+
+
+def test_auto_marks_its_forced_node_unpaid_and_carries_the_gate_to_the_next_prompt() -> None:
+    """Where no node pays, the node a drafting step still sends is unpaid: even accepted,
+    it does not end the backing off. A new prompt (begin) keeps the gate's backing off:
+    its first step probes, and the steps after a losing probe are plain."""
+    drafter = _recycling(STEEP)
+    clock = FakeClock()
+    gate = drafter.gate
+    assert gate is not None
+    gate.clock = clock
+    gate.skip = gate._left = 0
+    tree = drafter.propose(_state([3]))
+    assert tree.num_nodes == 1 and gate._unpaid
+    # T(1) = 10 plain steps, but the step measured at one: the accepted node wins (gain 2)
+    gate.plain_s = 1.0
+    clock.now += 1.0
+    accepted = int(tree.tokens[0])
+    logits = torch.zeros(2, 12)
+    logits[0, accepted] = 1.0
+    drafter.observe(StepOutcome(tree, logits, Verdict((0,), 7), _state([3, accepted, 7])))
+    assert gate.gain is not None and gate.gain > 1 and gate.skip == 1  # still backing off
+    assert drafter.propose(_state([3, accepted, 7])).num_nodes == 0
+    skip = gate.skip
+    drafter.begin(_state([4]))
+    assert gate.skip == skip and gate.gain is not None
+    assert drafter.propose(_state([4])).num_nodes == 1  # the new prompt's probe
 
 
 def test_auto_keeps_the_most_valuable_nodes_as_a_connected_tree() -> None:

@@ -15,7 +15,8 @@ same way (the table's values until there are some), so both see the same machine
 below 1 the drafter sits out a stretch of steps, proposing the empty tree (each is then a
 plain decoding step: ``T(0)`` and no drafting), and the stretch doubles after every losing
 probe, up to ``max_skip`` steps; a probe that brings the mean back to 1 or above ends the
-backing off. On text where drafting fails (random tokens, shuffled words) a drafter is
+backing off, unless the drafter sent the probe only to keep learning
+(:meth:`DraftGate.unpaid`). On text where drafting fails (random tokens, shuffled words) a drafter is
 then within a probe every ``max_skip`` steps of plain decoding; on text where it pays it
 drafts every step. While backing off, the drafter does not learn (Token Recycling's rows,
 for instance) from the plain steps (:meth:`DraftGate.learning`).
@@ -79,17 +80,37 @@ class DraftGate:
         self._out: float | None = None  # when the drafter last handed over (propose's end)
         self._step_s: float | None = None  # the step's own seconds, measured
         self._drafted = False  # whether this step drafted (record counts it)
+        self._unpaid = False  # whether it sent only what its valuation does not pay for
 
     def reset(self) -> None:
-        """Forget the measured gain (a new sequence starts drafting again)."""
-        self.gain, self.plain_s, self.skip, self._left = None, None, 0, 0
+        """Forget the measured gain and the backing off: the next step drafts, and the gain
+        is measured afresh (a new sequence, for a drafter whose trees depend on it)."""
+        self.gain, self.skip = None, 0
+        self.restart()
+
+    def restart(self) -> None:
+        """A new sequence, the mean gain and the backing off carried over (for a drafter
+        whose valuation does not depend on the prompt, as Token Recycling's slot rates do
+        not): its first step drafts, a probe of the new text, and if that loses the drafter
+        sits out as long as it last did, instead of probing again after 1, 2, 4 and 8
+        plain steps. The plain step's seconds are measured again (the context starts
+        short)."""
+        self.plain_s, self._left = None, 0
         self._spent, self._since, self._out, self._step_s = 0.0, None, None, None
-        self._drafted = False
+        self._drafted = self._unpaid = False
+
+    def unpaid(self) -> None:
+        """This step sends nodes the drafter's own valuation says do not pay, only so that
+        it keeps learning (Token Recycling's one node when its budget rule chose none, so
+        that its slot rates can rise again): whatever the step gains, it does not end the
+        backing off. A step a valuation pays for still does; a lucky run of unpaid ones
+        would otherwise restart drafting every step on text where it loses."""
+        self._unpaid = True
 
     def drafting(self) -> bool:
         """Whether this step drafts (call once, at the start of ``propose``)."""
         self._spent, self._since, self._step_s = 0.0, None, None
-        self._drafted = self._left == 0
+        self._drafted, self._unpaid = self._left == 0, False
         if not self._drafted:
             self._left -= 1
             self._out = self.clock()  # the plain step starts now: observe measures it
@@ -146,7 +167,7 @@ class DraftGate:
             return
         g = self.step_gain(nodes, accepted, context)
         self.gain = g if self.gain is None else self.gain + self.smoothing * (g - self.gain)
-        if self.gain >= 1.0:
+        if self.gain >= 1.0 and not self._unpaid:
             self.skip = 0
         else:  # a losing probe: sit out twice as long (at least one step) before the next
             self.skip = min(self.max_skip, max(1, 2 * self.skip))

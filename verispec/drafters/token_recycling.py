@@ -42,7 +42,12 @@ Choices where the paper leaves room (each marked "not in the paper" in the code)
   expected tokens per second under the target's measured latency table
   (:func:`~verispec.drafters.budget.choose_budget`, as ``dtr:budget=auto``). A
   :class:`~verispec.drafters.gate.DraftGate` sends the empty tree while drafting does not
-  pay. ``template="2.2.2"`` (or ``"80"``) is the published algorithm.
+  pay. When the rule keeps no node, a drafting step still sends the most valuable one, so
+  the rates keep learning, but that node never ends the gate's backing off
+  (:meth:`~verispec.drafters.gate.DraftGate.unpaid`); and since the rates carry over from
+  one prompt to the next, so does the gate's state
+  (:meth:`~verispec.drafters.gate.DraftGate.restart`). ``template="2.2.2"`` (or ``"80"``)
+  is the published algorithm.
 
 Kernels. The expansion and the update each have a Triton kernel
 (:func:`verispec.kernels.ops.expand_template`, :func:`~verispec.kernels.ops.update_adjacency`);
@@ -314,11 +319,13 @@ class TokenRecycling(DeviceSized):
     # -- Drafter protocol -------------------------------------------------------------
 
     def begin(self, state: DecodeState) -> None:
-        """Nothing to do but restart the gate: the matrix is inherited from earlier queries
-        (hot start)."""
+        """Nothing to do but restart the gate: the matrix and the slots' rates are
+        inherited from earlier queries (hot start), and so are the gate's mean gain and
+        backing off (:meth:`~verispec.drafters.gate.DraftGate.restart`: the valuation does
+        not depend on the prompt)."""
         self._last = None
         if self.gate is not None:
-            self.gate.reset()
+            self.gate.restart()
 
     def propose(self, state: DecodeState) -> DraftTree:
         """Expand the template from the last committed token (``"auto"``: its most valuable
@@ -388,8 +395,13 @@ class TokenRecycling(DeviceSized):
         assert self.latency is not None
         # at least one node: the gate chose to draft (a probe while backing off), and the
         # rates learn only from nodes sent; with none, a rate once below what pays would
-        # stay there for good (the gate's measured gain decides whether drafting goes on)
-        n = max(choose_budget(values[:size], self.latency, context=len(state.tokens)), 1)
+        # stay there for good. Such a node is unpaid: it never ends the gate's backing off
+        # (the rates must rise until the rule pays for a node first).
+        n = choose_budget(values[:size], self.latency, context=len(state.tokens))
+        if n == 0:
+            assert self.gate is not None
+            self.gate.unpaid()
+            n = 1
         token_of: dict[int, int] = {-1: root}
         rows: dict[int, list[int]] = {}
         kept: list[int] = []
