@@ -18,7 +18,7 @@ from verispec.core.types import Verdict
 from verispec.drafters import Autoregressive, PromptLookup, TokenRecycling
 from verispec.drafters.budget import LatencyTable
 from verispec.drafters.dynamic_token_recycling import DynamicTokenRecycling
-from verispec.drafters.gate import DraftGate
+from verispec.drafters.gate import UNPAID_SKIPS, DraftGate
 from verispec.errors import ConfigError
 from verispec.verifiers import Greedy
 
@@ -130,7 +130,8 @@ def test_drafting_that_never_pays_costs_a_probe_every_max_skip_steps() -> None:
 
 def test_an_unpaid_probe_never_ends_the_backing_off() -> None:
     """Probes the drafter marks unpaid (sent only to keep learning) do not end the backing
-    off even when every one wins; the same winning probes, paid for, end it at once."""
+    off even when every one wins, and the stretches between them double up to
+    UNPAID_SKIPS x max_skip; the same winning probes, paid for, end it at once."""
     clock = FakeClock()
     gate = DraftGate(FLAT, max_skip=4, smoothing=1.0, clock=clock)
 
@@ -143,9 +144,12 @@ def test_an_unpaid_probe_never_ends_the_backing_off() -> None:
 
     gate.skip = gate._left = 4  # backing off
     gate.gain = 0.5
-    pattern = [probe(unpaid=True) for _ in range(15)]
-    assert pattern == ([False] * 4 + [True]) * 3  # every probe won (gain 2), skip kept
-    assert gate.gain is not None and gate.gain >= 1 and gate.skip == 4
+    pattern = [probe(unpaid=True) for _ in range(4 + 1 + 8 + 1 + 16 + 1 + 16 + 1)]
+    # every probe won (gain 2), and the stretches still grew: 4, 8, then 16 (the cap)
+    expected = [False] * 4 + [True] + [False] * 8 + [True] + ([False] * 16 + [True]) * 2
+    assert pattern == expected
+    assert UNPAID_SKIPS * 4 == 16
+    assert gate.gain is not None and gate.gain >= 1 and gate.skip == 16
     while not probe(unpaid=False):
         pass
     assert gate.skip == 0 and all(probe(unpaid=False) for _ in range(5))

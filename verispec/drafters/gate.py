@@ -39,6 +39,11 @@ from verispec.errors import ConfigError
 
 __all__ = ["DraftGate"]
 
+UNPAID_SKIPS = 4
+"""After unpaid probes (:meth:`DraftGate.unpaid`) the stretch of plain steps may grow to this
+many times ``max_skip``: such a probe is sent only to learn, at a loss the drafter's own
+valuation predicts."""
+
 
 class DraftGate:
     """Whether to draft this step, from the measured gain of the drafted steps before it.
@@ -103,8 +108,10 @@ class DraftGate:
         """This step sends nodes the drafter's own valuation says do not pay, only so that
         it keeps learning (Token Recycling's one node when its budget rule chose none, so
         that its slot rates can rise again): whatever the step gains, it does not end the
-        backing off. A step a valuation pays for still does; a lucky run of unpaid ones
-        would otherwise restart drafting every step on text where it loses."""
+        backing off, and the stretches between such probes double up to
+        :data:`UNPAID_SKIPS` times ``max_skip``. A step a valuation pays for still ends
+        it; a lucky run of unpaid ones would otherwise restart drafting every step on text
+        where it loses."""
         self._unpaid = True
 
     def drafting(self) -> bool:
@@ -169,8 +176,10 @@ class DraftGate:
         self.gain = g if self.gain is None else self.gain + self.smoothing * (g - self.gain)
         if self.gain >= 1.0 and not self._unpaid:
             self.skip = 0
-        else:  # a losing probe: sit out twice as long (at least one step) before the next
-            self.skip = min(self.max_skip, max(1, 2 * self.skip))
+        else:  # a losing probe: sit out twice as long (at least one step) before the next;
+            # an unpaid one only explores, and may space the probes out four times as far
+            cap = UNPAID_SKIPS * self.max_skip if self._unpaid else self.max_skip
+            self.skip = min(cap, max(1, 2 * self.skip))
             self._left = self.skip
 
 
