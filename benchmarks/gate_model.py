@@ -47,15 +47,27 @@ def gated_speed(
     smoothing: float,
     steps: int,
     seed: int,
+    answer_steps: int = 0,
+    carry: bool = False,
+    unpaid: bool = False,
 ) -> float:
-    """Tokens per second over plain decoding's of the gate on the model (one run)."""
+    """Tokens per second over plain decoding's of the gate on the model (one run).
+
+    ``answer_steps``: a new sequence every that many steps (0: one sequence), the gate
+    then restarted (``carry``: :meth:`DraftGate.restart`, the backing off kept, as Token
+    Recycling does) or reset (as ``dtr`` and ``pld`` do); ``unpaid``: every probe marked
+    :meth:`DraftGate.unpaid` (Token Recycling's node when its budget rule keeps none)."""
     clock = _Clock()
     table = LatencyTable([0, 1], [plain_s, step_s])
     gate = DraftGate(table, max_skip=max_skip, smoothing=smoothing, clock=clock)
     rng = random.Random(seed)
     tokens = 0
-    for _ in range(steps):
+    for step in range(steps):
+        if answer_steps and step % answer_steps == 0:
+            gate.restart() if carry else gate.reset()
         if gate.drafting():  # propose: the drafter's time, then the step
+            if unpaid:
+                gate.unpaid()
             gate.clock_in()
             clock.now += drafter_s
             gate.clock_out()
@@ -82,6 +94,11 @@ def main() -> None:
     parser.add_argument("--smoothing", default="0.3,0.15", help="settings to compare")
     parser.add_argument("--steps", type=int, default=20000)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--answer-steps", type=int, default=0,
+                        help="a new sequence every N steps (0: one sequence)")
+    parser.add_argument("--carry", action="store_true",
+                        help="restart the gate at a new sequence (keep the backing off)")
+    parser.add_argument("--unpaid", action="store_true", help="every probe unpaid")
     args = parser.parse_args()
     plain, step, drafter = args.plain_ms / 1e3, args.step_ms / 1e3, args.drafter_ms / 1e3
     settings = [
@@ -89,7 +106,8 @@ def main() -> None:
     ]
     print(f"plain step {args.plain_ms} ms, one-node step {args.step_ms} ms + drafter "
           f"{args.drafter_ms} ms; tokens/s over plain decoding's (mean of {args.seeds} runs "
-          f"of {args.steps} steps)\n")  # fmt: skip
+          f"of {args.steps} steps; new sequence every {args.answer_steps or 'never'}, "
+          f"carry {args.carry}, unpaid {args.unpaid})\n")  # fmt: skip
     head = ["p", "always draft"] + [f"gate {m}/{s}" for m, s in settings]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -97,7 +115,9 @@ def main() -> None:
         always = (1 + p) * plain / (step + drafter)
         cells = [f"{p:.2f}", f"{always:.3f}"]
         for max_skip, smoothing in settings:
-            kw = {"max_skip": max_skip, "smoothing": smoothing, "steps": args.steps}
+            kw = {"max_skip": max_skip, "smoothing": smoothing, "steps": args.steps,
+                  "answer_steps": args.answer_steps, "carry": args.carry,
+                  "unpaid": args.unpaid}  # fmt: skip
             runs = [
                 gated_speed(p, plain, step, drafter, seed=seed, **kw) for seed in range(args.seeds)
             ]
