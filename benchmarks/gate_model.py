@@ -94,10 +94,14 @@ def main() -> None:
     parser.add_argument("--smoothing", default="0.3,0.15", help="settings to compare")
     parser.add_argument("--steps", type=int, default=20000)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--answer-steps", type=int, default=0,
-                        help="a new sequence every N steps (0: one sequence)")
-    parser.add_argument("--carry", action="store_true",
-                        help="restart the gate at a new sequence (keep the backing off)")
+    parser.add_argument(
+        "--answer-steps", type=int, default=0, help="a new sequence every N steps (0: one sequence)"
+    )
+    parser.add_argument(
+        "--carry",
+        action="store_true",
+        help="restart the gate at a new sequence (keep the backing off)",
+    )
     parser.add_argument("--unpaid", action="store_true", help="every probe unpaid")
     args = parser.parse_args()
     plain, step, drafter = args.plain_ms / 1e3, args.step_ms / 1e3, args.drafter_ms / 1e3

@@ -16,9 +16,9 @@ below 1 the drafter sits out a stretch of steps, proposing the empty tree (each 
 plain decoding step: ``T(0)`` and no drafting), and the stretch doubles after every losing
 probe, up to ``max_skip`` steps; a probe that brings the mean back to 1 or above ends the
 backing off, unless the drafter sent the probe only to keep learning
-(:meth:`DraftGate.unpaid`). On text where drafting fails (random tokens, shuffled words) a drafter is
-then within a probe every ``max_skip`` steps of plain decoding; on text where it pays it
-drafts every step. While backing off, the drafter does not learn (Token Recycling's rows,
+(:meth:`DraftGate.unpaid`). On text where drafting fails (random tokens, shuffled words) a
+drafter is then within a probe every ``max_skip`` steps of plain decoding; on text where it
+pays it drafts every step. While backing off, the drafter does not learn (Token Recycling's rows,
 for instance) from the plain steps (:meth:`DraftGate.learning`).
 What is proposed never changes what is generated (the verifier keeps the output exact),
 only how fast.
