@@ -144,12 +144,15 @@ def test_an_unpaid_probe_never_ends_the_backing_off() -> None:
 
     gate.skip = gate._left = 4  # backing off
     gate.gain = 0.5
-    pattern = [probe(unpaid=True) for _ in range(4 + 1 + 8 + 1 + 16 + 1 + 16 + 1)]
-    # every probe won (gain 2), and the stretches still grew: 4, 8, then 16 (the cap)
-    expected = [False] * 4 + [True] + [False] * 8 + [True] + ([False] * 16 + [True]) * 2
-    assert pattern == expected
-    assert UNPAID_SKIPS * 4 == 16
-    assert gate.gain is not None and gate.gain >= 1 and gate.skip == 16
+    # every probe wins (gain 2), and the stretches still double from 4 up to the cap
+    cap, stretches = UNPAID_SKIPS * 4, [4]
+    while stretches[-1] < cap:
+        stretches.append(min(cap, 2 * stretches[-1]))
+    stretches.append(cap)  # and stay there
+    expected = [step for n in stretches for step in [False] * n + [True]]
+    pattern = [probe(unpaid=True) for _ in expected]
+    assert len(stretches) >= 3 and pattern == expected
+    assert gate.gain is not None and gate.gain >= 1 and gate.skip == cap
     while not probe(unpaid=False):
         pass
     assert gate.skip == 0 and all(probe(unpaid=False) for _ in range(5))
