@@ -53,6 +53,7 @@ __all__ = [
 
 DEFAULT_SIZES: tuple[int, ...] = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_CONTEXTS: tuple[int, ...] = (256, 1024, 2048)  # committed tokens the table is measured at
+TABLE_VERSION = 2  # how tables are measured (2: passes over all sizes); older ones remeasure
 
 
 def _check_table(instance: LatencyTable, attribute: attrs.Attribute, value: Any) -> None:
@@ -221,6 +222,7 @@ def choose_budget(
     values_sorted_desc: torch.Tensor | Sequence[float],
     latency: LatencyTable,
     context: int | None = None,
+    node_price: float = 1.0,
 ) -> int:
     """The tree size ``n`` that maximises ``(1 + sum of the first n values) / T(n)``.
 
@@ -230,19 +232,26 @@ def choose_budget(
         latency: the target's step time by tree size.
         context: committed tokens now; ``T`` is read at this context (attention grows with
             it), ``None``: the table's first context.
+        node_price: the nodes' measured cost as a multiple of the table's: ``T(n)`` is read
+            as ``T(0) + node_price * (T(n) - T(0))``
+            (:attr:`~verispec.drafters.gate.DraftGate.node_price`), > 0.
 
     Returns:
         ``n`` in ``[0, M]``; the smallest such ``n`` on ties.
     """
+    if not node_price > 0:
+        raise ConfigError(f"`node_price` must be > 0; got {node_price}.")
     if isinstance(values_sorted_desc, torch.Tensor):
         values_sorted_desc = values_sorted_desc.reshape(-1).tolist()
     values = [float(v) for v in values_sorted_desc]  # M is small: Python beats tensor ops
     times = latency.upto_list(len(values), context)
-    best, best_rate, expected = 0, 1.0 / times[0], 1.0
+    plain = times[0]
+    best, best_rate, expected = 0, 1.0 / plain, 1.0
     for n, value in enumerate(values, 1):
         expected += value
-        if expected / times[n] > best_rate:
-            best, best_rate = n, expected / times[n]
+        rate = expected / (plain + node_price * (times[n] - plain))
+        if rate > best_rate:
+            best, best_rate = n, rate
     return best
 
 
@@ -258,14 +267,15 @@ def measure_latency(
     sizes: Sequence[int] = DEFAULT_SIZES,
     *,
     context: int | Sequence[int] = 256,
-    repeats: int = 5,
+    repeats: int = 9,
     warmup: int = 2,
 ) -> LatencyTable:
     """Time one target step (``forward_tree``) for every tree size in ``sizes``.
 
-    For each context length, the model is prefilled with that many random tokens, each size
-    is run ``warmup`` times untimed and ``repeats`` times timed (the median is kept; CUDA is
-    synchronised), and the model is reset afterwards. Every repetition builds a fresh tree,
+    For each context length, the model is prefilled with that many random tokens, then
+    ``warmup`` untimed and ``repeats`` timed passes run every size once each (the median
+    per size is kept, raised where needed so that no size costs less than a smaller one;
+    CUDA is synchronised), and the model is reset afterwards. Every repetition builds a fresh tree,
     so the tree-mask work each real step does is included.
 
     Args:
@@ -297,26 +307,33 @@ def measure_latency(
 def _measure_row(
     model: LanguageModel, grid: list[int], context: int, repeats: int, warmup: int
 ) -> list[float]:
-    """Median seconds of one step per tree size after ``context`` random tokens."""
+    """Median seconds of one step per tree size after ``context`` random tokens.
+
+    Each repetition is one pass over every size, so a stretch of machine load falls on all
+    sizes alike instead of on the few measured while it lasted (one size at a time, the
+    two-thread table of the Zen 5 EPYC priced the first node at 2.0 ms and the second at
+    0.4, where passes over all sizes measure about 0.9 and 2.5). A larger tree never costs
+    less than a smaller one: the medians are raised to the largest before them."""
     generator = torch.Generator().manual_seed(0)
     model.prefill(torch.randint(model.vocab_size, (context,), generator=generator))
     device = getattr(model, "device", torch.device("cpu"))
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    seconds = []
+    times: list[list[float]] = [[] for _ in grid]
     try:
-        for n in grid:
-            times = []
-            for i in range(warmup + repeats):
+        for i in range(warmup + repeats):
+            for j, n in enumerate(grid):
                 tree = _chain_like_tree(n, generator, model.vocab_size)
                 sync()
                 start = time.perf_counter()
                 model.forward_tree(tree)
                 sync()
                 if i >= warmup:
-                    times.append(time.perf_counter() - start)
-            seconds.append(statistics.median(times))
+                    times[j].append(time.perf_counter() - start)
     finally:
         model.reset()
+    seconds = [statistics.median(t) for t in times]
+    for j in range(1, len(seconds)):
+        seconds[j] = max(seconds[j], seconds[j - 1])
     return seconds
 
 
@@ -337,8 +354,10 @@ def device_key(model: Any) -> str:
     shape = f"V{getattr(model, 'vocab_size', '?')}-L{len(layers) if layers else '?'}"
     runtime = type(model).__name__ + (f"-{model.runtime}" if hasattr(model, "runtime") else "")
     kernels = getattr(model, "kernel_id", "")  # the C kernels' source, where they run
-    return f"{name}|{shape}|{dtype}|{device.type}|{where}|{runtime}" + (
-        f"|kernels-{kernels}" if kernels else ""
+    return (
+        f"{name}|{shape}|{dtype}|{device.type}|{where}|{runtime}"
+        + (f"|kernels-{kernels}" if kernels else "")
+        + f"|table-v{TABLE_VERSION}"
     )
 
 

@@ -74,7 +74,7 @@ import torch
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
 from verispec.core.validate import boolean, integer, integer_or_auto, option
-from verispec.drafters.budget import LatencyTable, choose_budget
+from verispec.drafters.budget import LatencyTable
 from verispec.drafters.candidates import (
     Calibration,
     CalibrationOptions,
@@ -393,10 +393,8 @@ class DynamicTokenRecycling(DeviceSized):
                            self._sources, self._shared).to_trie()  # fmt: skip
         order = trie.by_value()  # parents first
         if self.sized_by_device:
-            assert self.latency is not None
             values = trie.values
-            n = choose_budget([values[i] for i in order[:width]], self.latency,
-                              context=len(state.tokens))  # fmt: skip
+            n = self._budget([values[i] for i in order[:width]], len(state.tokens))
             self._auto_width = min(self.max_budget, 2 * n + 8)
         else:
             n = int(self.budget)

@@ -42,7 +42,7 @@ import torch
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
 from verispec.core.validate import integer, integer_or_auto, interval, option
-from verispec.drafters.budget import LatencyTable, choose_budget
+from verispec.drafters.budget import LatencyTable
 from verispec.drafters.candidates import tried_and_hit_lists
 from verispec.drafters.gate import DeviceSized
 from verispec.errors import ConfigError
@@ -310,9 +310,8 @@ class PromptLookup(DeviceSized):
             value = [alpha**d for d in depth]
         best = best[:budget]
         if self.sized_by_device:
-            assert self.latency is not None
             values = [value[i] for i in best]
-            best = best[: choose_budget(values, self.latency, context=len(state.tokens))]
+            best = best[: self._budget(values, len(state.tokens))]
         # the nodes `best` (a connected set, parents first) as a tree
         new_index = {node: i for i, node in enumerate(best)}
         return DraftTree.from_parents(

@@ -73,7 +73,7 @@ import torch
 from verispec.core.tree import DraftTree
 from verispec.core.types import DecodeState, StepOutcome
 from verispec.core.validate import integer, option
-from verispec.drafters.budget import LatencyTable, choose_budget
+from verispec.drafters.budget import LatencyTable
 from verispec.drafters.candidates import tried_and_hit_lists
 from verispec.drafters.gate import DeviceSized
 from verispec.drafters.templates import TEMPLATES, TemplateSpec, resolve_template
@@ -392,12 +392,11 @@ class TokenRecycling(DeviceSized):
         size = min(len(ranked), state.max_nodes)
         if size == 0:
             return DraftTree.empty()
-        assert self.latency is not None
         # at least one node: the gate chose to draft (a probe while backing off), and the
         # rates learn only from nodes sent; with none, a rate once below what pays would
         # stay there for good. Such a node is unpaid: it never ends the gate's backing off
         # (the rates must rise until the rule pays for a node first).
-        n = choose_budget(values[:size], self.latency, context=len(state.tokens))
+        n = self._budget(values[:size], len(state.tokens))
         if n == 0:
             assert self.gate is not None
             self.gate.unpaid()
