@@ -66,6 +66,62 @@ def test_bad_latency_tables_are_refused(sizes: list, seconds: list, match: str) 
         LatencyTable(sizes, seconds)
 
 
+def test_the_node_price_scales_what_the_table_charges_for_nodes() -> None:
+    """``node_price`` k reads T(n) as T(0) + k (T(n) - T(0)): a node the table pays for is
+    dropped at twice its price, and every choice equals the one on the rescaled table."""
+    table = LatencyTable([0, 1, 2, 4, 8], [1.0, 1.3, 1.7, 2.4, 4.0])
+    assert choose_budget([0.5], table) == 1  # 1.5 / 1.3 > 1
+    assert choose_budget([0.5], table, node_price=2.0) == 0  # 1.5 / 1.6 < 1
+    values = torch.rand(8, generator=torch.Generator().manual_seed(3)).sort(descending=True)
+    for price in (0.3, 1.0, 1.7, 3.0):
+        scaled = LatencyTable(table.sizes, [1.0 + price * (t - 1.0) for t in table.seconds])
+        assert choose_budget(values.values, table, node_price=price) == choose_budget(
+            values.values, scaled
+        )
+
+
+@pytest.mark.parametrize("price", [0.0, -1.0, float("nan")])
+def test_a_node_price_that_is_not_positive_is_refused(price: float) -> None:
+    with pytest.raises(ConfigError, match="node_price"):
+        choose_budget([0.5], LatencyTable([0, 1], [1.0, 1.3]), node_price=price)
+
+
+class _ScriptedModel:
+    """A model whose ``forward_tree`` of n nodes moves a fake clock by ``cost[n]``, times
+    ``slow`` during the calls numbered in ``stall``."""
+
+    vocab_size, max_length = 16, 64
+
+    def __init__(self, cost: dict[int, float], stall: range, slow: float) -> None:
+        self.cost, self.stall, self.slow = cost, stall, slow
+        self.now, self.calls = 0.0, 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def prefill(self, tokens) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def forward_tree(self, tree) -> None:
+        self.now += self.cost[tree.num_nodes] * (self.slow if self.calls in self.stall else 1)
+        self.calls += 1
+
+
+def test_a_stretch_of_load_does_not_bend_the_measured_table(monkeypatch) -> None:
+    """Each repetition passes over every size, so a stall of eight calls slows at most two of
+    each size's nine timed runs and every median is the true cost (measured one size at a
+    time, it would slow most runs of one size). A size measured cheaper than a smaller one
+    is raised to it."""
+    cost = {0: 1.0, 1: 1.2, 2: 1.1, 4: 2.0}  # size 2 cheaper than size 1
+    model = _ScriptedModel(cost, stall=range(12, 20), slow=3.0)
+    monkeypatch.setattr(budget_module.time, "perf_counter", model.clock)
+    table = measure_latency(model, [1, 2, 4], context=8, repeats=9, warmup=2)
+    assert table.seconds == pytest.approx((1.0, 1.2, 1.2, 2.0))
+
+
 def test_measure_latency_on_the_tiny_model(tiny) -> None:
     """Every requested size (and 0) is timed, times are positive, and the model is reset."""
     table = measure_latency(tiny, [2, 8], context=16, repeats=2, warmup=1)
