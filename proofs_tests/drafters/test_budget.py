@@ -150,6 +150,33 @@ def test_latency_for_caches_on_disk(tiny, tmp_path, monkeypatch) -> None:
     assert len(list(tmp_path.glob("*.json"))) == 1
 
 
+def test_two_processes_saving_one_latency_table_at_once_both_succeed(tmp_path, monkeypatch) -> None:
+    """Two benchmark shards started together measure the same table and save it to the same
+    cache file. Here the second saves in full just as the first renames its written file
+    into place: both saves succeed, the file holds a whole table (the last rename's), and
+    no temporary file is left (with one fixed temporary name, the second writer took the
+    first's file and the first rename failed)."""
+    import os
+
+    first = LatencyTable([0, 4], [1.0, 2.0], "k")
+    second = LatencyTable([0, 4], [1.0, 3.0], "k")
+    target = tmp_path / "table.json"
+    real_replace = os.replace
+    renames = []
+
+    def replace(src, dst):
+        renames.append(dst)
+        if len(renames) == 1:
+            second.save(target)  # the other process, between our write and our rename
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    first.save(target)
+    assert len(renames) == 2
+    assert LatencyTable.load(target) == first
+    assert [p.name for p in tmp_path.iterdir()] == ["table.json"]
+
+
 def test_measuring_a_latency_table_says_so_on_stderr(tiny, tmp_path, monkeypatch, capsys) -> None:
     """Measuring (a wait of tens of seconds on the real model) prints a notice with where the
     table is kept and how long it took; reading the cached table prints nothing, and neither

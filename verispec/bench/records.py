@@ -18,7 +18,7 @@ import platform
 import tempfile
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -27,6 +27,7 @@ import torch
 
 from verispec.bench.prompts import Question
 from verispec.bench.runner import BenchConfig, RecordKey, TurnRecord, record_key
+from verispec.core.paths import write_atomic
 from verispec.errors import ConfigError
 from verispec.specs import MethodSpec
 
@@ -241,22 +242,6 @@ def _beside(path: Path, suffix: str) -> Path:
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     os.close(fd)
     return Path(name)
-
-
-def write_atomic(path: str | Path, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``,
-    with the permissions ``open`` would give a new file (0666 less the umask; ``mkstemp``
-    makes it 0600)."""
-    path = Path(path)
-    tmp = _beside(path, ".tmp")
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o666 & ~umask)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -207,11 +207,12 @@ class LatencyTable:
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the table to ``path`` (atomically, so that processes measuring the same
+        table at once never leave a half-written or a failed file)."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(target)
+        text = self.to_json()
+        paths.write_atomic(target, lambda tmp: tmp.write_text(text))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> LatencyTable:

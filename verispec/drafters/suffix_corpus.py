@@ -29,6 +29,7 @@ from array import array
 from collections.abc import Iterable
 from pathlib import Path
 
+from verispec.core.paths import write_atomic
 from verispec.core.validate import integer
 from verispec.drafters.suffix_automaton import COUNT_WALK, SuffixAutomaton
 from verispec.errors import ConfigError, CorpusFileError
@@ -134,8 +135,8 @@ class SuffixCorpus:
         """Write the documents to ``path`` (atomically: a temporary file, then a rename)."""
         path = Path(path)
         header = {"max_tokens": self.max_tokens, "lengths": [len(d) for d in self.documents]}
-        tmp = path.with_name(path.name + ".tmp")
-        try:
+
+        def write(tmp: Path) -> None:
             with open(tmp, "wb") as out:
                 out.write(_MAGIC + b" %d\n" % _FORMAT)
                 out.write(json.dumps(header).encode() + b"\n")
@@ -144,10 +145,8 @@ class SuffixCorpus:
                     if sys.byteorder != "little":
                         data.byteswap()
                     out.write(data.tobytes())
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+
+        write_atomic(path, write)
 
     @classmethod
     def load(
