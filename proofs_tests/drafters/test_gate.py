@@ -245,6 +245,27 @@ def test_no_node_price_is_measured_before_a_plain_step() -> None:
     assert gate.plain_s is None and gate.node_price == 1.0
 
 
+def test_unpaid_probes_do_not_price_the_nodes() -> None:
+    """Steps marked unpaid (sent though the valuation did not pay for them) leave the node
+    price alone, however dear they were; the same steps paid for set it."""
+    table = LatencyTable([0, 2], [0.010, 0.012])
+    clock = FakeClock()
+    gate = DraftGate(table, max_skip=0, smoothing=1.0, clock=clock)
+    _timed_step(gate, clock, 0.008, nodes=0)
+    for _ in range(2 * PRICE_MIN):
+        assert gate.drafting()
+        gate.unpaid()
+        gate.clock_in()
+        gate.clock_out()
+        clock.now += 0.016  # 8 ms beyond the plain step: four times the table's 2
+        gate.clock_in()
+        gate.record(2, 2, context=5)
+    assert gate.node_price == 1.0
+    for _ in range(PRICE_MIN):
+        _timed_step(gate, clock, 0.016, nodes=2)
+    assert gate.node_price == pytest.approx(4.0)
+
+
 @pytest.mark.parametrize("which", ["tr", "pld", "dtr"])
 def test_the_drafters_size_their_trees_at_the_gates_node_price(which, monkeypatch) -> None:
     """The same candidates on the same table: priced at four times the table's, each drafter

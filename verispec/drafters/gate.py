@@ -111,8 +111,11 @@ class DraftGate:
         the sum of their seconds beyond the plain step's over the sum of the table's ``T(n)
         - T(0)`` (a ratio of sums: a step's few tenths of a millisecond of table price do
         not make one noisy step count more than another). 1 until :data:`PRICE_MIN` such
-        steps, and bounded to :data:`PRICE_RANGE`. It is a property of the machine, not of
-        the text: :meth:`reset` keeps it. Pass it to
+        steps, and bounded to :data:`PRICE_RANGE`. Unpaid probes (:meth:`unpaid`) do not
+        count: the price serves the valuation's own choices, and a price raised by probes
+        the valuation did not choose could keep it from ever paying for a node again, with
+        only such probes after. It is a property of the machine, not of the text:
+        :meth:`reset` keeps it. Pass it to
         :func:`~verispec.drafters.budget.choose_budget`."""
         if len(self._extra) < PRICE_MIN:
             return 1.0
@@ -208,7 +211,7 @@ class DraftGate:
             )
         if not self._drafted:
             return
-        if nodes > 0 and self._step_s is not None and self.plain_s is not None:
+        if nodes > 0 and not self._unpaid and self._step_s is not None and self.plain_s is not None:
             times = self.latency.upto_list(nodes, context)
             table = times[nodes] - times[0]
             # a one-off stall is clipped as the plain steps' are: at twice the step it
