@@ -66,26 +66,6 @@ def test_bad_latency_tables_are_refused(sizes: list, seconds: list, match: str) 
         LatencyTable(sizes, seconds)
 
 
-def test_the_node_price_scales_what_the_table_charges_for_nodes() -> None:
-    """``node_price`` k reads T(n) as T(0) + k (T(n) - T(0)): a node the table pays for is
-    dropped at twice its price, and every choice equals the one on the rescaled table."""
-    table = LatencyTable([0, 1, 2, 4, 8], [1.0, 1.3, 1.7, 2.4, 4.0])
-    assert choose_budget([0.5], table) == 1  # 1.5 / 1.3 > 1
-    assert choose_budget([0.5], table, node_price=2.0) == 0  # 1.5 / 1.6 < 1
-    values = torch.rand(8, generator=torch.Generator().manual_seed(3)).sort(descending=True)
-    for price in (0.3, 1.0, 1.7, 3.0):
-        scaled = LatencyTable(table.sizes, [1.0 + price * (t - 1.0) for t in table.seconds])
-        assert choose_budget(values.values, table, node_price=price) == choose_budget(
-            values.values, scaled
-        )
-
-
-@pytest.mark.parametrize("price", [0.0, -1.0, float("nan")])
-def test_a_node_price_that_is_not_positive_is_refused(price: float) -> None:
-    with pytest.raises(ConfigError, match="node_price"):
-        choose_budget([0.5], LatencyTable([0, 1], [1.0, 1.3]), node_price=price)
-
-
 class _ScriptedModel:
     """A model whose ``forward_tree`` of n nodes moves a fake clock by ``cost[n]``, times
     ``slow`` during the calls numbered in ``stall``."""

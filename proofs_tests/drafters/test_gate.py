@@ -18,7 +18,7 @@ from verispec.core.types import Verdict
 from verispec.drafters import Autoregressive, PromptLookup, TokenRecycling
 from verispec.drafters.budget import LatencyTable
 from verispec.drafters.dynamic_token_recycling import DynamicTokenRecycling
-from verispec.drafters.gate import PRICE_MIN, PRICE_RANGE, PRICE_WINDOW, UNPAID_SKIPS, DraftGate
+from verispec.drafters.gate import UNPAID_SKIPS, DraftGate
 from verispec.errors import ConfigError
 from verispec.verifiers import Greedy
 
@@ -194,98 +194,6 @@ def test_reset_forgets_the_gain_and_the_backing_off() -> None:
 def test_bad_gate_arguments_are_refused(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         DraftGate(FLAT, **kwargs)
-
-
-def _timed_step(gate: DraftGate, clock: FakeClock, seconds: float, nodes: int) -> None:
-    """One step whose forward, verification and commit take ``seconds``, all accepted."""
-    drafted = gate.drafting()
-    gate.clock_in()
-    gate.clock_out()  # propose hands over
-    clock.now += seconds
-    gate.clock_in()  # observe starts
-    gate.record(nodes if drafted else 0, nodes if drafted else 0, context=5)
-
-
-def test_the_node_price_is_the_measured_extra_seconds_over_the_tables() -> None:
-    """Drafted steps that take 4 ms beyond the measured plain step where the table says 2
-    price nodes at twice the table's: 1 until PRICE_MIN such steps, then the ratio of the
-    sums; a stalled step is clipped; reset keeps the price; only the last PRICE_WINDOW
-    steps count."""
-    table = LatencyTable([0, 2], [0.010, 0.012])
-    clock = FakeClock()
-    gate = DraftGate(table, smoothing=1.0, clock=clock)
-    _timed_step(gate, clock, 0.008, nodes=0)  # the plain step: 8 ms (the table says 10)
-    assert gate.plain_s == pytest.approx(0.008)
-    for _ in range(PRICE_MIN - 1):
-        _timed_step(gate, clock, 0.012, nodes=2)  # 4 ms beyond the plain step
-        assert gate.node_price == 1.0
-    _timed_step(gate, clock, 0.012, nodes=2)
-    assert gate.node_price == pytest.approx(2.0)
-    _timed_step(gate, clock, 10.0, nodes=2)  # a stall: counted as 2 (8 + 4 x 2) ms = 32 ms
-    n = PRICE_MIN + 1
-    assert gate.node_price == pytest.approx((4 * (n - 1) + 24) / (2 * n))
-    gate.reset()
-    assert gate.node_price == pytest.approx((4 * (n - 1) + 24) / (2 * n))
-    gate.plain_s = 0.008  # reset measures the plain step afresh
-    for _ in range(PRICE_WINDOW):
-        _timed_step(gate, clock, 0.0095, nodes=2)  # 1.5 ms beyond: 0.75 of the table's
-    assert gate.node_price == pytest.approx(0.75)
-    for _ in range(PRICE_WINDOW):
-        _timed_step(gate, clock, 0.100, nodes=2)  # far dearer than the table: the bound
-    assert gate.node_price == PRICE_RANGE[1]
-
-
-def test_no_node_price_is_measured_before_a_plain_step() -> None:
-    """Without a measured plain step, a drafted step's extra seconds are unknown: the price
-    stays 1 (the table's)."""
-    clock = FakeClock()
-    gate = DraftGate(LatencyTable([0, 2], [0.010, 0.012]), smoothing=1.0, clock=clock)
-    for _ in range(2 * PRICE_MIN):
-        _timed_step(gate, clock, 0.030, nodes=2)
-    assert gate.plain_s is None and gate.node_price == 1.0
-
-
-def test_unpaid_probes_do_not_price_the_nodes() -> None:
-    """Steps marked unpaid (sent though the valuation did not pay for them) leave the node
-    price alone, however dear they were; the same steps paid for set it."""
-    table = LatencyTable([0, 2], [0.010, 0.012])
-    clock = FakeClock()
-    gate = DraftGate(table, max_skip=0, smoothing=1.0, clock=clock)
-    _timed_step(gate, clock, 0.008, nodes=0)
-    for _ in range(2 * PRICE_MIN):
-        assert gate.drafting()
-        gate.unpaid()
-        gate.clock_in()
-        gate.clock_out()
-        clock.now += 0.016  # 8 ms beyond the plain step: four times the table's 2
-        gate.clock_in()
-        gate.record(2, 2, context=5)
-    assert gate.node_price == 1.0
-    for _ in range(PRICE_MIN):
-        _timed_step(gate, clock, 0.016, nodes=2)
-    assert gate.node_price == pytest.approx(4.0)
-
-
-@pytest.mark.parametrize("which", ["tr", "pld", "dtr"])
-def test_the_drafters_size_their_trees_at_the_gates_node_price(which, monkeypatch) -> None:
-    """The same candidates on the same table: priced at four times the table's, each drafter
-    sized by the device sends a smaller tree than at the table's price (and still some)."""
-    table = LatencyTable([0, 100], [1.0, 1.0 + 100 * 0.04])  # 0.04 plain steps a node
-    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
-
-    def size(price: float) -> int:
-        monkeypatch.setattr(DraftGate, "node_price", property(lambda self: price))
-        if which == "tr":
-            drafter = _recycling(table)
-        elif which == "pld":
-            drafter = PromptLookup(latency=table)
-        else:
-            drafter = DynamicTokenRecycling(latency=table, vocab_size=64)
-        drafter.begin(_state(tokens))
-        return drafter.propose(_state(tokens)).num_nodes
-
-    cheap, dear = size(1.0), size(4.0)
-    assert 0 < dear < cheap
 
 
 # -- Token Recycling, template="auto" ------------------------------------------------

@@ -223,7 +223,6 @@ def choose_budget(
     values_sorted_desc: torch.Tensor | Sequence[float],
     latency: LatencyTable,
     context: int | None = None,
-    node_price: float = 1.0,
 ) -> int:
     """The tree size ``n`` that maximises ``(1 + sum of the first n values) / T(n)``.
 
@@ -233,26 +232,19 @@ def choose_budget(
         latency: the target's step time by tree size.
         context: committed tokens now; ``T`` is read at this context (attention grows with
             it), ``None``: the table's first context.
-        node_price: the nodes' measured cost as a multiple of the table's: ``T(n)`` is read
-            as ``T(0) + node_price * (T(n) - T(0))``
-            (:attr:`~verispec.drafters.gate.DraftGate.node_price`), > 0.
 
     Returns:
         ``n`` in ``[0, M]``; the smallest such ``n`` on ties.
     """
-    if not node_price > 0:
-        raise ConfigError(f"`node_price` must be > 0; got {node_price}.")
     if isinstance(values_sorted_desc, torch.Tensor):
         values_sorted_desc = values_sorted_desc.reshape(-1).tolist()
     values = [float(v) for v in values_sorted_desc]  # M is small: Python beats tensor ops
     times = latency.upto_list(len(values), context)
-    plain = times[0]
-    best, best_rate, expected = 0, 1.0 / plain, 1.0
+    best, best_rate, expected = 0, 1.0 / times[0], 1.0
     for n, value in enumerate(values, 1):
         expected += value
-        rate = expected / (plain + node_price * (times[n] - plain))
-        if rate > best_rate:
-            best, best_rate = n, rate
+        if expected / times[n] > best_rate:
+            best, best_rate = n, expected / times[n]
     return best
 
 

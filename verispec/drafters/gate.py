@@ -20,13 +20,6 @@ backing off, unless the drafter sent the probe only to keep learning
 drafter is then within a probe every ``max_skip`` steps of plain decoding; on text where it
 pays it drafts every step. While backing off, the drafter does not learn (Token Recycling's rows,
 for instance) from the plain steps (:meth:`DraftGate.learning`).
-
-The same clocks price a tree's nodes for the budget rule (:attr:`DraftGate.node_price`):
-the drafted steps' measured seconds over the plain step's, against the table's ``T(n) -
-T(0)`` for the same sizes. A table measured once, on a machine that is never idle in the
-same way twice, can be off by a factor where it matters (the Zen 5 EPYC's two-thread table
-priced a second node at 0.4 ms; decoding measured it at 2.5), and a drafter sized by
-:func:`~verispec.drafters.budget.choose_budget` then sends trees that do not pay.
 What is proposed never changes what is generated (the verifier keeps the output exact),
 only how fast.
 
@@ -37,7 +30,6 @@ device-sized defaults (docs/methods/dynamic_token_recycling.rst, "Budget").
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 
 from verispec.core.tree import DraftTree
@@ -51,13 +43,6 @@ UNPAID_SKIPS = 4
 """After unpaid probes (:meth:`DraftGate.unpaid`) the stretch of plain steps may grow to this
 many times ``max_skip``: such a probe is sent only to learn, at a loss the drafter's own
 valuation predicts."""
-
-
-PRICE_WINDOW = 32
-"""The node price is measured over this many recent drafted steps (and at least
-:data:`PRICE_MIN`; :data:`PRICE_RANGE` bounds it)."""
-PRICE_MIN = 4
-PRICE_RANGE = (0.25, 4.0)
 
 
 class DraftGate:
@@ -101,34 +86,10 @@ class DraftGate:
         self._step_s: float | None = None  # the step's own seconds, measured
         self._drafted = False  # whether this step drafted (record counts it)
         self._unpaid = False  # whether it sent only what its valuation does not pay for
-        # (measured, table) seconds of recent drafted steps beyond the plain step's
-        self._extra: deque[tuple[float, float]] = deque(maxlen=PRICE_WINDOW)
-
-    @property
-    def node_price(self) -> float:
-        """How many times the latency table's price a tree's nodes cost in this decoding:
-        over the last :data:`PRICE_WINDOW` drafted steps measured after a plain step was,
-        the sum of their seconds beyond the plain step's over the sum of the table's ``T(n)
-        - T(0)`` (a ratio of sums: a step's few tenths of a millisecond of table price do
-        not make one noisy step count more than another). 1 until :data:`PRICE_MIN` such
-        steps, and bounded to :data:`PRICE_RANGE`. Unpaid probes (:meth:`unpaid`) do not
-        count: the price serves the valuation's own choices, and a price raised by probes
-        the valuation did not choose could keep it from ever paying for a node again, with
-        only such probes after. It is a property of the machine, not of the text:
-        :meth:`reset` keeps it. Pass it to
-        :func:`~verispec.drafters.budget.choose_budget`."""
-        if len(self._extra) < PRICE_MIN:
-            return 1.0
-        table = sum(t for _, t in self._extra)
-        if table <= 0:
-            return 1.0
-        low, high = PRICE_RANGE
-        return min(max(sum(m for m, _ in self._extra) / table, low), high)
 
     def reset(self) -> None:
         """Forget the measured gain and the backing off: the next step drafts, and the gain
-        is measured afresh (a new sequence, for a drafter whose trees depend on it). The
-        node price is kept."""
+        is measured afresh (a new sequence, for a drafter whose trees depend on it)."""
         self.gain, self.skip = None, 0
         self.restart()
 
@@ -211,13 +172,6 @@ class DraftGate:
             )
         if not self._drafted:
             return
-        if nodes > 0 and not self._unpaid and self._step_s is not None and self.plain_s is not None:
-            times = self.latency.upto_list(nodes, context)
-            table = times[nodes] - times[0]
-            # a one-off stall is clipped as the plain steps' are: at twice the step it
-            # would be at four times the table's price
-            step = min(self._step_s, 2 * (self.plain_s + PRICE_RANGE[1] * table))
-            self._extra.append((step - self.plain_s, table))
         g = self.step_gain(nodes, accepted, context)
         self.gain = g if self.gain is None else self.gain + self.smoothing * (g - self.gain)
         if self.gain >= 1.0 and not self._unpaid:
@@ -273,9 +227,9 @@ class DeviceSized:
     def _budget(self, values: list[float], context: int) -> int:
         """How many of the nodes valued ``values`` (largest first) to send after
         ``context`` committed tokens: :func:`~verispec.drafters.budget.choose_budget` on
-        the latency table, with the nodes priced as the gate measures them."""
+        the latency table."""
         gate = self._gate("this drafter")
-        return choose_budget(values, gate.latency, context=context, node_price=gate.node_price)
+        return choose_budget(values, gate.latency, context=context)
 
     def _gated_propose(self, what: str, make: Callable[[], DraftTree]) -> DraftTree:
         """``propose`` of a drafter sized by the device: the empty tree while the gate backs
