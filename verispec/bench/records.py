@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 import types
 import typing
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ import torch
 
 from verispec.bench.prompts import Question
 from verispec.bench.runner import BenchConfig, RecordKey, TurnRecord, record_key
-from verispec.core.paths import write_atomic
+from verispec.core.paths import beside, write_atomic
 from verispec.errors import ConfigError
 from verispec.specs import MethodSpec
 
@@ -226,7 +225,7 @@ def check_writable(path: str | Path, what: str) -> Path:
     if not path.parent.is_dir():
         raise ConfigError(f"`{what}`: the directory {str(path.parent)!r} does not exist.")
     try:
-        _beside(path, ".probe").unlink()
+        beside(path, ".probe").unlink()
         if path.exists():
             with open(path, "a"):
                 pass
@@ -235,13 +234,6 @@ def check_writable(path: str | Path, what: str) -> Path:
             f"`{what}` must be writable; {str(path)!r} cannot be written: {exc.strerror or exc}."
         ) from None
     return path
-
-
-def _beside(path: Path, suffix: str) -> Path:
-    """A new empty hidden file in ``path``'s directory, named after it."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    os.close(fd)
-    return Path(name)
 
 
 def write_text(path: str | Path, text: str) -> None:

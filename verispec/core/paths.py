@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["cache_dir", "write_atomic"]
+__all__ = ["beside", "cache_dir", "write_atomic"]
 
 
 def cache_dir(*parts: str) -> Path:
@@ -22,6 +22,14 @@ def cache_dir(*parts: str) -> Path:
     return root.joinpath(*parts)
 
 
+def beside(path: str | os.PathLike[str], suffix: str) -> Path:
+    """A new empty hidden file in ``path``'s directory, named after it, with a unique name."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
+    return Path(name)
+
+
 def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], object]) -> None:
     """Call ``write(tmp)`` on a new temporary file beside ``path``, then rename it to
     ``path``, with the permissions ``open`` would give a new file (0666 less the umask;
@@ -30,9 +38,7 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], object]) 
     table) each rename a whole file, and the last one wins; a failed write leaves
     nothing behind."""
     path = Path(path)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
+    tmp = beside(path, ".tmp")
     try:
         write(tmp)
         umask = os.umask(0)
