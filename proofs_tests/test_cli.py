@@ -240,6 +240,7 @@ BAD_CLI_INPUT = [
     (["bench", "--temperature", "inf"], "argument --temperature"),
     (["bench", "--verifier", "coupled"], "argument --verifier: invalid choice"),
     (["bench", "--resume"], "`--resume` needs the records"),
+    (["bench", "--repeats", "0"], "argument --repeats: must be >= 1; got 0"),
     (["bench", "--threads", "0"], f"argument --threads: must be in [1, {os.cpu_count()}]"),
     (["bench", "--dtype", "float8"], "argument --dtype: invalid choice"),
     (["bench", "--methods", "tr:template=7"], "`tr:template` must be one of"),

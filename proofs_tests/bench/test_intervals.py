@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 
 from verispec import cli
@@ -181,3 +182,28 @@ def test_an_interval_says_where_it_lies() -> None:
     assert Interval(0.9, 0.85, 0.95, 5).verdict == "below"
     assert Interval(1.1, 1.02, 1.2, 5).verdict == "above"
     assert Interval(1.0, 0.95, 1.05, 5).verdict == "level"
+
+
+def test_passes_of_one_run_keep_each_answers_fastest(tmp_path: Path) -> None:
+    """A file of two passes (``--repeats 2``) gives the intervals of its fastest answers:
+    a stall of 3 s on one of ar's answers in the first pass, and on one of fast's in the
+    second, leave the collapsed 1.25 of the clean run."""
+    clean = _records(_seconds)
+    stalled = []
+    for repeat, (method, question) in enumerate((("ar", 2), ("fast", 7))):
+        for record in clean:
+            slow = record.method == method and record.question_id == question
+            seconds = record.result.seconds + (3.0 if slow else 0.0)
+            result = _result(len(record.result.tokens), seconds)
+            stalled.append(attrs.evolve(record, result=result, repeat=repeat))
+    header = records_header(BenchConfig(repeats=2), SPECS, QUESTIONS, {})
+    log = RecordLog(tmp_path / "r.jsonl", header, resume=False)
+    for record in stalled:
+        log.append(record)
+    log.close()
+    fast = ratio_intervals(load_answers([tmp_path / "r.jsonl"]), "ar")["all"]["fast"]
+    assert fast.low == pytest.approx(1.25) and fast.high == pytest.approx(1.25)
+    first_pass_only = [r for r in stalled if r.repeat == 0]
+    _write(tmp_path / "first.jsonl", first_pass_only)
+    stalled_ar = ratio_intervals(load_answers([tmp_path / "first.jsonl"]), "ar")["all"]["fast"]
+    assert stalled_ar.ratio > 1.3  # the stall is there in one pass

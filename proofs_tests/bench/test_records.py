@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from verispec import cli
@@ -96,12 +97,12 @@ def test_a_line_cut_off_by_a_kill_is_dropped(tmp_path: Path) -> None:
     with open(path, "a") as file:
         file.write('{"question_id": 1, "turn": 1, "met')  # killed mid-write
     log = RecordLog(path, _header(), resume=True)
-    assert list(log.finished) == [("1", 0, "ar")]
+    assert list(log.finished) == [("1", 0, "ar", 0)]
     log.append(_record(1, 1, "ar"))
     log.close()
     assert list(RecordLog(path, _header(), resume=True).finished) == [
-        ("1", 0, "ar"),
-        ("1", 1, "ar"),
+        ("1", 0, "ar", 0),
+        ("1", 1, "ar", 0),
     ]
 
 
@@ -209,8 +210,8 @@ def test_run_bench_keeps_finished_answers_and_replays_learning_methods(smoke_con
     }
     hi = len(smoke_context.tokenizer.encode("hi"))  # what the spy answers to "hi"
     finished = {
-        ("1", 0, "ar"): _record(1, 0, "ar", token=100),
-        ("1", 0, "tr:template=8"): _record(1, 0, "tr:template=8", token=hi),
+        ("1", 0, "ar", 0): _record(1, 0, "ar", token=100),
+        ("1", 0, "tr:template=8", 0): _record(1, 0, "tr:template=8", token=hi),
     }
     new: list[TurnRecord] = []
     config = BenchConfig(warmup=0, chat=False)
@@ -231,7 +232,7 @@ def test_run_bench_keeps_finished_answers_and_replays_learning_methods(smoke_con
 def test_a_replay_that_differs_from_the_records_warns(smoke_context: Any) -> None:
     """A learning method whose replayed answer differs from its record raises a warning."""
     runners = {label: _Runner(label, [], True) for label in ("ar", "tr:template=8")}
-    finished = {("1", 0, "ar"): _record(1, 0, "ar", token=100)}
+    finished = {("1", 0, "ar", 0): _record(1, 0, "ar", token=100)}
     with pytest.warns(UserWarning, match=r"`ar` answered question 1 turn 0 differently"):
         run_bench(
             smoke_context, SPECS, QUESTIONS, BenchConfig(warmup=0, chat=False),
@@ -296,3 +297,33 @@ def test_killed_bench_keeps_its_answers_and_resumes_to_the_same_report(
     assert resumed["command"].replace(str(killed), str(whole)) == uninterrupted["command"]
     assert _content({**resumed, "command": None}) == _content({**uninterrupted, "command": None})
     assert resumed["methods"]["tr:template=8"]["identical_count"] == 5  # seeded identity
+
+
+@pytest.mark.filterwarnings("ignore:.*differently in two passes")  # the stand-in's answers
+def test_a_resumed_run_of_several_passes_keeps_each_pass_answers(smoke_context: Any) -> None:
+    """Resuming a run of two passes killed in its second keeps the answers of both passes
+    (keyed by pass) and generates only the second pass's missing ones."""
+    log: list[tuple[str, int]] = []
+    runners = {label: _Runner(label, log, False) for label in ("ar", "tr:template=8")}
+    finished = {
+        (str(q), turn, label, 0): _record(q, turn, label)
+        for q, turns in ((1, 2), (2, 1))
+        for turn in range(turns)
+        for label in runners
+    }
+    finished[("1", 0, "ar", 1)] = attrs.evolve(_record(1, 0, "ar"), repeat=1)
+    new: list[TurnRecord] = []
+    config = BenchConfig(warmup=0, chat=False, repeats=2)
+    run = run_bench(
+        smoke_context, SPECS, QUESTIONS, config, progress=False, runners=runners,
+        on_record=new.append, finished=finished,
+    )  # fmt: skip
+    assert len(log) == 5 and [r.repeat for r in new] == [1] * 5
+    assert sorted(record_key(r) for r in new) == sorted(
+        (str(q), turn, label, 1)
+        for q, turns in ((1, 2), (2, 1))
+        for turn in range(turns)
+        for label in runners
+        if (q, turn, label) != (1, 0, "ar")
+    )
+    assert len(run.records) == 6

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from verispec.bench.methods import METHODS
@@ -133,13 +134,16 @@ def test_empty_inputs_are_refused(smoke_context: Any) -> None:
 
 
 def test_bench_config_validates_its_fields() -> None:
-    """Negative warm-up, max_new_tokens < 1 and a negative temperature are refused."""
+    """Negative warm-up, max_new_tokens < 1, a negative temperature and fewer than one
+    pass are refused."""
     with pytest.raises(ConfigError, match="warmup"):
         BenchConfig(warmup=-1)
     with pytest.raises(ConfigError, match="max_new_tokens"):
         BenchConfig(max_new_tokens=0)
     with pytest.raises(ConfigError, match="temperature"):
         BenchConfig(temperature=-0.5)
+    with pytest.raises(ConfigError, match="`repeats` must be an integer >= 1; got 0"):
+        BenchConfig(repeats=0)
 
 
 # -- end to end on the smoke model ---------------------------------------------------
@@ -247,3 +251,62 @@ def test_default_self_draft_builds(smoke_context: Any) -> None:
     """Without `draft_layers`, a draft-model method drafts with the recommended layers."""
     runners = build_runners(smoke_context, parse_methods("chain", METHODS))
     assert set(runners) == {"chain"}
+
+
+class _StallingRunner(_SpyRunner):
+    """Answers with the same tokens every pass; its ``stalls`` calls (counted from 1) take
+    1 s instead of 0.01."""
+
+    def __init__(self, label: str, log: list[tuple[str, str, int]], stalls: set[int]) -> None:
+        super().__init__(label, log)
+        self.calls, self.stalls = 0, stalls
+
+    def run(self, prompt_ids: Sequence[int], config: GenerationParams) -> TurnResult:
+        self.calls += 1
+        result = super().run(prompt_ids, config)
+        seconds = 1.0 if self.calls in self.stalls else 0.01
+        return attrs.evolve(result, tokens=[65 + len(prompt_ids) % 20] * 3, seconds=seconds)
+
+
+def test_repeats_reset_every_method_before_each_pass_and_keep_each_answers_fastest(
+    smoke_context: Any,
+) -> None:
+    """With ``repeats=2`` every method is reset between the passes, every answer of both
+    passes is recorded (``repeat`` 0 and 1), and the run keeps each answer's faster pass:
+    a stall in either pass is gone, and the answers stay in the order first measured."""
+    specs = parse_methods("ar,tr:template=8", METHODS)
+    log: list[tuple[str, str, int]] = []
+    runners: dict[str, Any] = {
+        "ar": _StallingRunner("ar", log, stalls={1}),  # q1 turn 0, first pass
+        "tr:template=8": _StallingRunner("tr:template=8", log, stalls={6}),  # q2, second pass
+    }
+    questions = [Question(1, "chat", ("hi", "more")), Question(2, "qa", ("why",))]
+    recorded: list[Any] = []
+    run = run_bench(
+        smoke_context, specs, questions, BenchConfig(warmup=0, chat=False, repeats=2),
+        progress=False, runners=runners, on_record=recorded.append,
+    )  # fmt: skip
+    resets = [i for i, entry in enumerate(log) if entry[0] == "reset"]
+    assert [log[i][1] for i in resets] == ["ar", "tr:template=8"]
+    assert sum(1 for e in log[: resets[0]] if e[0] == "run") == 6  # the whole first pass
+    assert [r.repeat for r in recorded] == [0] * 6 + [1] * 6
+    assert len(run.records) == 6
+    assert all(r.result.seconds == 0.01 for r in run.records)
+    assert [(r.question_id, r.turn, r.method) for r in run.records] == [
+        (r.question_id, r.turn, r.method) for r in recorded[:6]
+    ]
+    stalled = next(
+        r for r in run.records if r.method == "ar" and r.turn == 0 and r.question_id == 1
+    )
+    assert stalled.repeat == 1
+
+
+def test_passes_that_answer_differently_warn(smoke_context: Any) -> None:
+    """Greedy answers that differ between passes (a nondeterministic method) are named."""
+    specs = parse_methods("ar", METHODS)
+    runners: dict[str, Any] = {"ar": _SpyRunner("ar", [])}  # tokens change with every call
+    with pytest.warns(UserWarning, match=r"`ar` answered question 1 turn 0 differently in two"):
+        run_bench(
+            smoke_context, specs, [Question(1, "chat", ("hi",))],
+            BenchConfig(warmup=0, chat=False, repeats=2), progress=False, runners=runners,
+        )  # fmt: skip

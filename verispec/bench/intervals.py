@@ -62,11 +62,16 @@ Answer = tuple[str, str, int, str, int, float]
 
 
 def load_answers(paths: Sequence[str | Path]) -> list[Answer]:
-    """Every answer of ``verispec bench`` records files (JSON Lines, a header first).
+    """Every answer of ``verispec bench`` records files (JSON Lines, a header first); where
+    a file holds several passes (``--repeats``), each answer's fastest, as the report keeps
+    (:func:`~verispec.bench.runner.fastest_passes`).
 
     Raises:
         ConfigError: a file that is missing or not a bench records file.
     """
+    from verispec.bench.records import from_json
+    from verispec.bench.runner import TurnRecord, fastest_passes
+
     answers: list[Answer] = []
     for path in paths:
         try:
@@ -77,19 +82,22 @@ def load_answers(paths: Sequence[str | Path]) -> list[Answer]:
             header = json.loads(lines[0]) if lines else {}
             if not str(header.get("format", "")).startswith("verispec-bench-records/"):
                 raise ValueError("no records header")
-            for line in lines[1:]:
-                if not line.strip():
-                    continue
-                r = json.loads(line)
-                result = r["result"]
-                answers.append((str(r["question_id"]), str(r["category"]), int(r["turn"]),
-                                str(r["method"]), len(result["tokens"]),
-                                float(result["seconds"])))  # fmt: skip
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            records = [
+                from_json(TurnRecord, json.loads(line), "record")
+                for line in lines[1:]
+                if line.strip()
+            ]
+        except (ValueError, ConfigError, AttributeError) as error:
             raise ConfigError(
                 f"{str(path)!r} is not a `verispec bench` records file (JSON Lines with the "
                 f"records header, one answer a line): {error}"
             ) from None
+        greedy = header.get("config", {}).get("temperature", 0) == 0
+        answers += [
+            (str(r.question_id), r.category, r.turn, r.method, len(r.result.tokens),
+             float(r.result.seconds))
+            for r in fastest_passes(records, greedy)
+        ]  # fmt: skip
     return answers
 
 

@@ -326,6 +326,8 @@ def render_markdown(
         keys += [k for k in ("top_k", "top_p", "min_p", "verifier") if k in config]
     settings = ", ".join(f"{k}={config.get(k)}" for k in keys)
     interleaved = "methods interleaved question by question"
+    if (config.get("repeats") or 1) > 1:
+        interleaved += f"; each answer timed in {config['repeats']} passes, the fastest kept"
     if len(commands) > 1:
         interleaved = f"merged from {len(commands)} runs over disjoint categories, {interleaved}"
     lines += [
@@ -472,7 +474,8 @@ def load_report(path: str | Path) -> BenchReport:
 
 # Settings every shard must share: the answers are only comparable under the same ones.
 _SHARED = {
-    "config": "max_new_tokens temperature seed chat warmup top_k top_p min_p verifier carry_corpus",
+    "config": "max_new_tokens temperature seed chat warmup top_k top_p min_p verifier carry_corpus "
+    "repeats",
     "machine": "dtype device",
 }
 

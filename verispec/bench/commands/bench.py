@@ -90,6 +90,15 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="warm-up answers per method, not measured (default 1)",
     )
     parser.add_argument(
+        "--repeats",
+        type=int_arg(1),
+        default=1,
+        metavar="N",
+        help="time every answer in N passes over the whole benchmark (every method reset "
+        "before each) and keep each answer's fastest pass: a machine that stalls adds time "
+        "to one pass, never takes it away (default 1)",
+    )
+    parser.add_argument(
         "--carry-corpus",
         action="store_true",
         help="cross-request setting: add each answer to its method's suffix corpus once "
@@ -141,7 +150,9 @@ def main(args: argparse.Namespace) -> int:
     questions = select_questions(
         questions, limit=limit, categories=categories, max_turns=args.turns
     )
-    config = bench_config(args, warmup=args.warmup, carry_corpus=args.carry_corpus)
+    config = bench_config(
+        args, warmup=args.warmup, carry_corpus=args.carry_corpus, repeats=args.repeats
+    )
     device = target.device(args.device)
     outputs = check_outputs(args)
     kernels = target.kernel_scope(args)
@@ -156,9 +167,10 @@ def main(args: argparse.Namespace) -> int:
     with kernels:  # one scope for building the runners and running them
         specs, runners = _runners(context, specs)
         answers = len(specs) * sum(len(q.turns) for q in questions)
+        passes = f", each the fastest of {config.repeats} passes" if config.repeats > 1 else ""
         print(
             f"verispec bench: {len(specs)} methods x {len(questions)} questions "
-            f"({answers} answers), max {config.max_new_tokens} new tokens, "
+            f"({answers} answers{passes}), max {config.max_new_tokens} new tokens, "
             f"temperature {config.temperature}, {context.device}, "
             f"{str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} thread(s)",
             file=sys.stderr,
