@@ -233,3 +233,15 @@ def test_measure_latency_at_several_contexts(tiny) -> None:
     """measure_latency gives one row per context that fits the model, longest context last."""
     table = measure_latency(tiny, [2], context=[16, 64, 100000], repeats=1, warmup=0)
     assert table.contexts == (16, 64) and len(table.rows) == 2
+
+
+def test_choose_budget_charges_the_drafters_overhead_to_every_drafted_size() -> None:
+    """With the drafter's own seconds D per drafted step, a node pays only if
+    (1 + v) / (T(1) + D) beats 1 / T(0): v = 0.3 pays on T = 10 / 12 ms alone
+    (1.3 / 12 > 1 / 10) and not once D = 1 ms (1.3 / 13 = 1 / 10, a tie: the smaller n)."""
+    table = LatencyTable([0, 1, 2], [0.010, 0.012, 0.014])
+    assert choose_budget([0.3], table) == 1
+    assert choose_budget([0.3], table, overhead=0.001) == 0
+    assert choose_budget([0.3, 0.3], table, overhead=0.001) == 2  # 1.6 / 15 > 1 / 10
+    with pytest.raises(ConfigError, match="`overhead` must be a finite number of seconds >= 0"):
+        choose_budget([0.3], table, overhead=-1.0)

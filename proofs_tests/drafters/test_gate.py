@@ -18,7 +18,7 @@ from verispec.core.types import Verdict
 from verispec.drafters import Autoregressive, PromptLookup, TokenRecycling
 from verispec.drafters.budget import LatencyTable
 from verispec.drafters.dynamic_token_recycling import DynamicTokenRecycling
-from verispec.drafters.gate import UNPAID_SKIPS, DraftGate
+from verispec.drafters.gate import OVERHEAD_STEPS, UNPAID_SKIPS, DraftGate
 from verispec.errors import ConfigError
 from verispec.verifiers import Greedy
 
@@ -99,6 +99,37 @@ def test_the_gain_uses_the_measured_step_and_plain_step_seconds() -> None:
     assert gate.plain_s == pytest.approx(0.020)
     assert step(0.001, 0.030, nodes=4, accepted=2)  # the probe
     assert gate.gain == pytest.approx(3 * 0.020 / 0.031)
+
+
+def test_the_overhead_is_the_median_drafters_seconds_of_steps_that_sent_nodes() -> None:
+    """The drafter's seconds on steps that sent nodes, median of the last OVERHEAD_STEPS (a
+    stall in one moves it little); steps that sent none do not count; reset forgets it."""
+    clock = FakeClock()
+    gate = DraftGate(FLAT, clock=clock)
+    assert gate.overhead() == 0.0
+    for spent in (0.001, 0.002, 0.5, 0.003):  # one stalled step
+        _step(gate, clock, nodes=2, accepted=2, spent=spent)
+    _step(gate, clock, nodes=0, accepted=0, spent=0.9)  # sent nothing: not an overhead
+    assert gate.overhead() == pytest.approx(0.0025)
+    for _ in range(OVERHEAD_STEPS):
+        _step(gate, clock, nodes=1, accepted=1, spent=0.004)
+    assert gate.overhead() == pytest.approx(0.004)  # only the latest steps
+    gate.reset()
+    assert gate.overhead() == 0.0
+
+
+def test_a_drafter_sized_by_the_device_charges_its_overhead_to_its_budget() -> None:
+    """tr with template="auto" keeps the valued nodes the table pays for with its measured
+    overhead added: on T = 10 / 12 / 14 ms its first node (prior rate 0.4) pays alone
+    (1.4 / 12 > 1 / 10) and not at an overhead of 4 ms (1.4 / 16 < 1 / 10)."""
+    table = LatencyTable([0, 1, 2, 100], [0.010, 0.012, 0.014, 0.210])
+    drafter = TokenRecycling(template="auto", latency=table)
+    values = [0.4]
+    assert drafter._budget(values, context=10) == 1
+    gate = drafter.gate
+    assert gate is not None
+    gate._overheads.extend([0.004] * 3)
+    assert drafter._budget(values, context=10) == 0
 
 
 def test_losing_steps_back_off_doubling_and_a_winning_probe_ends_it() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -223,8 +224,11 @@ def choose_budget(
     values_sorted_desc: torch.Tensor | Sequence[float],
     latency: LatencyTable,
     context: int | None = None,
+    *,
+    overhead: float = 0.0,
 ) -> int:
-    """The tree size ``n`` that maximises ``(1 + sum of the first n values) / T(n)``.
+    """The tree size ``n`` that maximises ``(1 + sum of the first n values) / (T(n) + D)``,
+    with ``D = 0`` for ``n = 0``.
 
     Args:
         values_sorted_desc: float, Shape: (M,). Acceptance probability of each candidate
@@ -232,10 +236,17 @@ def choose_budget(
         latency: the target's step time by tree size.
         context: committed tokens now; ``T`` is read at this context (attention grows with
             it), ``None``: the table's first context.
+        overhead: ``D``, the drafter's own seconds on a step that sends nodes (proposing
+            and learning from the outcome), which a plain decoding step does not pay.
 
     Returns:
         ``n`` in ``[0, M]``; the smallest such ``n`` on ties.
+
+    Raises:
+        ConfigError: a negative or non-finite ``overhead``.
     """
+    if not 0.0 <= overhead < math.inf:
+        raise ConfigError(f"`overhead` must be a finite number of seconds >= 0; got {overhead}.")
     if isinstance(values_sorted_desc, torch.Tensor):
         values_sorted_desc = values_sorted_desc.reshape(-1).tolist()
     values = [float(v) for v in values_sorted_desc]  # M is small: Python beats tensor ops
@@ -243,8 +254,8 @@ def choose_budget(
     best, best_rate, expected = 0, 1.0 / times[0], 1.0
     for n, value in enumerate(values, 1):
         expected += value
-        if expected / times[n] > best_rate:
-            best, best_rate = n, expected / times[n]
+        if expected / (times[n] + overhead) > best_rate:
+            best, best_rate = n, expected / (times[n] + overhead)
     return best
 
 

@@ -20,6 +20,10 @@ backing off, unless the drafter sent the probe only to keep learning
 drafter is then within a probe every ``max_skip`` steps of plain decoding; on text where it
 pays it drafts every step. While backing off, the drafter does not learn (Token Recycling's rows,
 for instance) from the plain steps (:meth:`DraftGate.learning`).
+The gate also keeps the drafter's own seconds on the steps that sent nodes
+(:meth:`DraftGate.overhead`, a median of the latest ones), which the budget rule adds to
+``T(n)`` (:func:`~verispec.drafters.budget.choose_budget`): the rule then sends only what
+the gain will count as paid.
 What is proposed never changes what is generated (the verifier keeps the output exact),
 only how fast.
 
@@ -29,7 +33,9 @@ device-sized defaults (docs/methods/dynamic_token_recycling.rst, "Budget").
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 
 from verispec.core.tree import DraftTree
@@ -38,6 +44,10 @@ from verispec.drafters.budget import LatencyTable, choose_budget
 from verispec.errors import ConfigError
 
 __all__ = ["DraftGate"]
+
+OVERHEAD_STEPS = 15
+"""The drafter's own seconds on a step that sends nodes (:meth:`DraftGate.overhead`) are
+the median of this many latest such steps: a stall in one of them moves it little."""
 
 UNPAID_SKIPS = 4
 """After unpaid probes (:meth:`DraftGate.unpaid`) the stretch of plain steps may grow to this
@@ -86,11 +96,13 @@ class DraftGate:
         self._step_s: float | None = None  # the step's own seconds, measured
         self._drafted = False  # whether this step drafted (record counts it)
         self._unpaid = False  # whether it sent only what its valuation does not pay for
+        self._overheads: deque[float] = deque(maxlen=OVERHEAD_STEPS)  # drafter's s, sent
 
     def reset(self) -> None:
         """Forget the measured gain and the backing off: the next step drafts, and the gain
         is measured afresh (a new sequence, for a drafter whose trees depend on it)."""
         self.gain, self.skip = None, 0
+        self._overheads.clear()
         self.restart()
 
     def restart(self) -> None:
@@ -113,6 +125,14 @@ class DraftGate:
         it; a lucky run of unpaid ones would otherwise restart drafting every step on text
         where it loses."""
         self._unpaid = True
+
+    def overhead(self) -> float:
+        """The drafter's own seconds (proposing and learning) on a step that sends nodes:
+        the median over the latest :data:`OVERHEAD_STEPS` such steps, 0 before the first.
+        A plain decoding step does not pay it, so the budget rule adds it to ``T(n)`` for
+        every ``n >`` 0 (:func:`~verispec.drafters.budget.choose_budget`), as the gain does;
+        a rule that left it out would send nodes that the gain then measures as a loss."""
+        return statistics.median(self._overheads) if self._overheads else 0.0
 
     def drafting(self) -> bool:
         """Whether this step drafts (call once, at the start of ``propose``)."""
@@ -172,6 +192,8 @@ class DraftGate:
             )
         if not self._drafted:
             return
+        if nodes:
+            self._overheads.append(self._spent)
         g = self.step_gain(nodes, accepted, context)
         self.gain = g if self.gain is None else self.gain + self.smoothing * (g - self.gain)
         if self.gain >= 1.0 and not self._unpaid:
@@ -227,9 +249,10 @@ class DeviceSized:
     def _budget(self, values: list[float], context: int) -> int:
         """How many of the nodes valued ``values`` (largest first) to send after
         ``context`` committed tokens: :func:`~verispec.drafters.budget.choose_budget` on
-        the latency table."""
+        the latency table, with the drafter's own seconds per drafted step
+        (:meth:`DraftGate.overhead`)."""
         gate = self._gate("this drafter")
-        return choose_budget(values, gate.latency, context=context)
+        return choose_budget(values, gate.latency, context=context, overhead=gate.overhead())
 
     def _gated_propose(self, what: str, make: Callable[[], DraftTree]) -> DraftTree:
         """``propose`` of a drafter sized by the device: the empty tree while the gate backs
