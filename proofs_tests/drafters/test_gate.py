@@ -128,7 +128,11 @@ def test_a_drafter_sized_by_the_device_charges_its_overhead_to_its_budget() -> N
     assert drafter._budget(values, context=10) == 1
     gate = drafter.gate
     assert gate is not None
-    gate._overheads.extend([0.004] * 3)
+    clock = FakeClock()
+    gate.clock = clock
+    for _ in range(3):  # steps that sent a node, the drafter working 4 ms in each
+        assert _step(gate, clock, nodes=1, accepted=1, spent=0.004)
+    assert gate.overhead() == pytest.approx(0.004)
     assert drafter._budget(values, context=10) == 0
 
 

@@ -20,10 +20,12 @@ backing off, unless the drafter sent the probe only to keep learning
 drafter is then within a probe every ``max_skip`` steps of plain decoding; on text where it
 pays it drafts every step. While backing off, the drafter does not learn (Token Recycling's rows,
 for instance) from the plain steps (:meth:`DraftGate.learning`).
+
 The gate also keeps the drafter's own seconds on the steps that sent nodes
 (:meth:`DraftGate.overhead`, a median of the latest ones), which the budget rule adds to
 ``T(n)`` (:func:`~verispec.drafters.budget.choose_budget`): the rule then sends only what
 the gain will count as paid.
+
 What is proposed never changes what is generated (the verifier keeps the output exact),
 only how fast.
 
@@ -97,12 +99,14 @@ class DraftGate:
         self._drafted = False  # whether this step drafted (record counts it)
         self._unpaid = False  # whether it sent only what its valuation does not pay for
         self._overheads: deque[float] = deque(maxlen=OVERHEAD_STEPS)  # drafter's s, sent
+        self._overhead = 0.0  # their median (overhead()), kept as they change
 
     def reset(self) -> None:
         """Forget the measured gain and the backing off: the next step drafts, and the gain
         is measured afresh (a new sequence, for a drafter whose trees depend on it)."""
         self.gain, self.skip = None, 0
         self._overheads.clear()
+        self._overhead = 0.0
         self.restart()
 
     def restart(self) -> None:
@@ -132,7 +136,7 @@ class DraftGate:
         A plain decoding step does not pay it, so the budget rule adds it to ``T(n)`` for
         every ``n >`` 0 (:func:`~verispec.drafters.budget.choose_budget`), as the gain does;
         a rule that left it out would send nodes that the gain then measures as a loss."""
-        return statistics.median(self._overheads) if self._overheads else 0.0
+        return self._overhead
 
     def drafting(self) -> bool:
         """Whether this step drafts (call once, at the start of ``propose``)."""
@@ -192,8 +196,9 @@ class DraftGate:
             )
         if not self._drafted:
             return
-        if nodes:
+        if nodes:  # the median is taken here, once, not at every budget the drafter asks
             self._overheads.append(self._spent)
+            self._overhead = statistics.median(self._overheads)
         g = self.step_gain(nodes, accepted, context)
         self.gain = g if self.gain is None else self.gain + self.smoothing * (g - self.gain)
         if self.gain >= 1.0 and not self._unpaid:
