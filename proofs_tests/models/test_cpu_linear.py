@@ -526,3 +526,48 @@ def test_c_layers_read_replaced_weights() -> None:
         down.blocks = original
     assert not torch.equal(before, after)
     assert torch.equal(kernel(x, inputs, caches), before)
+
+
+@needs_kernel
+def test_c_layers_read_weights_moved_by_module_apply() -> None:
+    """A product whose blocks ``Module._apply`` replaced (a copy, as a move or cast makes)
+    is read from the new tensor: editing the copy changes the next result, editing the
+    old tensor does not."""
+    model = blocks_model()
+    kernel = model.transformer.cpu_layers.subset([1])
+    x, cos, sin, where, mask = _layer_inputs(model, 2, seed=0)
+    inputs = PassInputs(cos, sin, where, mask)
+    before = kernel(x, inputs, model.transformer.setup_caches(64, num_layers=1))
+    down = model.transformer.blocks[1].feed_forward.w2
+    old = down.blocks
+    down._apply(torch.clone)
+    assert down.blocks is not old
+    old.zero_()  # the stale tensor: no longer read
+    assert torch.equal(kernel(x, inputs, model.transformer.setup_caches(64, num_layers=1)), before)
+    down.blocks.zero_()  # the new one: read
+    after = kernel(x, inputs, model.transformer.setup_caches(64, num_layers=1))
+    assert not torch.equal(after, before)
+
+
+@needs_kernel
+def test_c_layers_write_the_caches_they_are_given() -> None:
+    """Called with other caches (the runtime's grow by replacement), the kernel writes those
+    and reads theirs, not the caches of an earlier call."""
+    model = blocks_model()
+    kernel = model.transformer.cpu_layers
+    layers = len(model.transformer.blocks)
+    x, cos, sin, where, mask = _layer_inputs(model, 3, seed=1)
+    inputs = PassInputs(cos, sin, where, mask)
+    first = model.transformer.setup_caches(64, num_layers=layers)
+    out_first = kernel(x, inputs, first)
+    second = model.transformer.setup_caches(64, num_layers=layers)
+    for cache in second:  # other earlier entries: the result must change
+        cache.k.normal_(generator=torch.Generator().manual_seed(7))
+    filled = [cache.k.clone() for cache in second]
+    out_second = kernel(x, inputs, second)
+    assert not torch.equal(out_second, out_first)
+    for cache, before in zip(second, filled, strict=True):  # the new entries went there
+        assert not torch.equal(cache.k[:, 40:43], before[:, 40:43])
+        assert torch.equal(cache.k[:, :40], before[:, :40])
+    third = model.transformer.setup_caches(64, num_layers=layers)
+    assert torch.equal(kernel(x, inputs, third), out_first)  # fresh caches: the first result

@@ -180,6 +180,17 @@ class TreeSequenceModel(abc.ABC):
                 f"(`DecodeState.max_nodes` says how many fit)."
             )
         root_position = self._cached + num_pending - 1
+        if num_nodes == 0:  # a plain step: the pending tokens alone, causally (fewest ops)
+            mask = torch.ones(num_pending, num_pending, dtype=torch.bool)
+            if num_pending > 1:
+                mask.tril_()
+            tokens = torch.tensor(self._pending, dtype=torch.long)
+            positions = torch.arange(self._cached, root_position + 1)
+            logits = self._feed(tokens, positions, self._cached, mask, keep_rows=1)
+            self._pending_fed = num_pending
+            self._tree = tree
+            self._fed = 0
+            return logits
         node_positions = tree.depth[start:] + root_position
         node_mask = tree.ancestor_mask[start:]  # (N - k, N)
         if start == 0:
@@ -220,7 +231,11 @@ class TreeSequenceModel(abc.ABC):
         path = [int(a) for a in accepted]
         if path:
             self._check_path(path)
-        self._check_tokens(torch.tensor([int(extra_token)]), "extra token")
+        extra_token = int(extra_token)
+        if not 0 <= extra_token < self.vocab_size:  # _check_tokens' rule, for one id
+            raise ConfigError(
+                f"extra token token ids must be in [0, {self.vocab_size}); got {extra_token}."
+            )
         if self._pending_fed:
             base = self._cached + self._pending_fed
             if path != list(range(len(path))):

@@ -27,7 +27,7 @@ from typing import cast
 import torch
 
 from verispec.models.cpu_attention import cpu_attention_available
-from verispec.models.cpu_linear import BlockLinear, library
+from verispec.models.cpu_linear import BlockLinear, library, tensors_replaced
 from verispec.models.llama import Block, KVCache, PassInputs
 
 __all__ = ["LayerKernel"]
@@ -49,8 +49,9 @@ class LayerKernel:
     """Decoder layers (:class:`~verispec.models.llama.Block`) run as one C call a forward.
 
     Build it with :meth:`for_blocks`; call it with the layers' input and their caches. It
-    reads the blocks' weights in place (a weight edited in place is seen) and checks on
-    every call that no product's tensor was replaced (it then reads the new one).
+    reads the blocks' weights in place (a weight edited in place is seen), and reads them
+    again after any product's tensor was replaced
+    (:func:`~verispec.models.cpu_linear.tensors_replaced`).
     """
 
     def __init__(self, blocks: Sequence[Block]) -> None:
@@ -70,9 +71,32 @@ class LayerKernel:
         self._ffn_norms = pointers(*(f.data_ptr() for _, f in norms))
         self._subsets: dict[tuple[int, ...], LayerKernel] = {}
         self._bind()
+        # the caches last seen, their identities, pointer arrays and capacity (_pointers)
+        self._held_caches: tuple[KVCache, ...] = ()
+        self._cache_ids: tuple[int, ...] = ()
+        self._cache_keys = self._cache_values = (ctypes.c_void_p * 0)()
+        self._capacity = 0
+
+    def _pointers(
+        self, caches: Sequence[KVCache]
+    ) -> tuple[ctypes.Array[ctypes.c_void_p], ctypes.Array[ctypes.c_void_p]]:
+        """The caches' key and value pointer arrays, rebuilt when other caches come (the
+        runtime replaces its caches when they grow). Keyed by the caches' identities, which
+        reads no cache object: a decoding step starts right after the products have streamed
+        their weights through the CPU's caches, where reading 60 tensors' addresses cost
+        about 0.1 ms. The caches are kept referenced, so an identity stays theirs."""
+        ids = tuple(map(id, caches))
+        if ids != self._cache_ids:
+            array = ctypes.c_void_p * len(caches)
+            self._cache_keys = array(*(c.k.data_ptr() for c in caches))
+            self._cache_values = array(*(c.v.data_ptr() for c in caches))
+            self._capacity = caches[0].k.shape[1]
+            self._held_caches, self._cache_ids = tuple(caches), ids
+        return self._cache_keys, self._cache_values
 
     def _bind(self) -> None:
         """Read the products' current tensors (kept referenced, so their memory stays)."""
+        self._replacements = tensors_replaced()
         self._held = tuple((p.blocks, p.bias) for p in self._products)
         self._weights = (_Weights * len(self._products))(
             *(
@@ -130,19 +154,14 @@ class LayerKernel:
             raise RuntimeError("the CPU kernels are unavailable (see cpu_linear.kernel_status)")
         if len(caches) != len(self._blocks):
             raise ValueError(f"{len(self._blocks)} layers need as many caches; got {len(caches)}")
-        if any(
-            p._buffers["blocks"] is not b or p.bias is not c
-            for p, (b, c) in zip(self._products, self._held, strict=True)
-        ):
-            self._bind()  # a product's tensors were replaced
+        if tensors_replaced() != self._replacements:
+            self._bind()  # a product's tensors may have been replaced
         out = x.contiguous().clone()
         cos, sin = inputs.cos.contiguous(), inputs.sin.contiguous()
         mask = inputs.local_mask.contiguous().view(torch.uint8)
         start = int(inputs.where[0])
-        pointers = ctypes.c_void_p * len(caches)
-        keys = pointers(*(c.k.data_ptr() for c in caches))
-        values = pointers(*(c.v.data_ptr() for c in caches))
-        capacity = caches[0].k.shape[1]
+        keys, values = self._pointers(caches)
+        capacity = self._capacity
         heads, kv_heads, head_dim = self._heads
         q_len, width = out.shape
         status = lib.vs_layers(

@@ -34,7 +34,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -248,11 +248,23 @@ def _linear(
     return y
 
 
+_TENSOR_FIELDS = ("blocks", "bias")
+_REPLACED = [0]  # how many times a BlockLinear's blocks or bias were replaced (any instance)
+
+
+def tensors_replaced() -> int:
+    """How many times any :class:`BlockLinear`'s ``blocks`` or ``bias`` tensor has been
+    replaced (assigned, or moved or cast by ``Module.to`` and the like): whoever keeps
+    their addresses reads them again when this count changes."""
+    return _REPLACED[0]
+
+
 class BlockLinear(nn.Module):
     """``nn.Linear`` (float32, CPU) whose weight the C kernel reads as blocks or float32.
 
     Build it with :meth:`from_linear`. The result for a row depends on that row only
-    (see the module docstring).
+    (see the module docstring). Replacing its ``blocks`` or ``bias`` (by assignment or
+    ``Module._apply``) is counted (:func:`tensors_replaced`).
 
     Attributes:
         fmt: ``"q4_1"``, ``"q8_0"`` or ``"float32"``.
@@ -273,6 +285,15 @@ class BlockLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().float().contiguous()
         self.weight_dtype = torch.float32
         self.key: int | None = None  # set when a compiled forward calls it by key
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _TENSOR_FIELDS:
+            _REPLACED[0] += 1
+        super().__setattr__(name, value)
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> BlockLinear:
+        _REPLACED[0] += 1  # may replace the buffer (a move, a cast)
+        return cast(BlockLinear, super()._apply(fn, recurse))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, formats: tuple[Format, ...]) -> BlockLinear | None:

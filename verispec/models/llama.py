@@ -673,16 +673,35 @@ class Transformer(nn.Module):
         Returns:
             Shape: (Q, E), in the compute dtype.
         """
+        if kind is PassKind.TREE and self.cpu_layers is not None:
+            return self._c_layers(tokens, positions, caches, where, local_mask, layers)
         x = self.tok_embeddings(tokens).to(self.compute_dtype)  # (Q, E)
         inputs = PassInputs(
             self.rope_cos[positions], self.rope_sin[positions], where, local_mask, kind
         )
         if cache_only:
             return self._write_caches(x, inputs, caches, layers)
-        if kind is PassKind.TREE and self.cpu_layers is not None:
-            kernel = self.cpu_layers if layers is None else self.cpu_layers.subset(layers)
-            return self.norm(kernel(x, inputs, caches))
         return self._blocks(x, inputs, caches, layers)
+
+    def _c_layers(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[KVCache],
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
+        layers: tuple[int, ...] | None,
+    ) -> torch.Tensor:
+        """:meth:`forward`'s tree pass with every layer in one C call (``cpu_layers``): the
+        same operators as the module path around it (embedding, rotary rows, final norm),
+        called directly rather than through modules. A step runs them right after the
+        layers have streamed their weights through the CPU's caches, where each Python call
+        costs tens of microseconds."""
+        kernel = self.cpu_layers if layers is None else self.cpu_layers.subset(layers)
+        x = F.embedding(tokens, self.tok_embeddings.weight).to(self.compute_dtype)  # (Q, E)
+        inputs = PassInputs(self.rope_cos[positions], self.rope_sin[positions], where, local_mask)
+        norm = self.norm
+        return torch.rms_norm(kernel(x, inputs, caches), norm.weight.shape, norm.weight, norm.eps)
 
     def _blocks(
         self,
@@ -714,7 +733,11 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head: hidden Shape: (R, E) to logits Shape: (R, V), float32 or float64."""
-        out = _matmul(self.output, hidden)
+        head = self.output
+        if type(head) is BlockLinear and hidden.dtype == torch.float32:  # eager: the kernel
+            if not torch.compiler.is_compiling():
+                return head.eager(hidden)  # float32 (what forward would call, directly)
+        out = _matmul(head, hidden)
         return out if out.dtype == torch.float64 else out.float()
 
 

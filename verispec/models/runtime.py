@@ -438,21 +438,26 @@ class FastModel(TreeSequenceModel):
             if prompt
             else self._shared.wrapper or self.transformer
         )
+        if self.device.type != "cpu":  # the host built them (on the CPU: no call at all)
+            tokens, positions, local_mask = (
+                t.to(self.device, non_blocking=True) for t in (tokens, positions, local_mask)
+            )
         with torch.inference_mode():
             hidden = forward(
-                tokens.to(self.device, non_blocking=True),
-                positions.to(self.device, non_blocking=True),
-                self._caches,
-                where,
-                local_mask.to(self.device, non_blocking=True),
-                self._layers_arg,
+                tokens, positions, self._caches, where, local_mask, self._layers_arg
             )  # (padded, E)
         if rows == 0:
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
         # The head's rows: as many as its product's row invariance needs (invariance.py).
         least = min_product_rows(self.transformer.output)
         first = max(0, min(queries - rows, padded - least))
-        logits = self.transformer.logits(hidden[first : max(queries, first + least)])
+        last = max(queries, first + least)
+        if first == 0 and last == hidden.shape[0]:  # every row (a plain step): no slicing
+            logits = self.transformer.logits(hidden)
+        else:
+            logits = self.transformer.logits(hidden[first:last])
+        if queries - rows - first == 0 and queries - first == logits.shape[0]:
+            return logits
         return logits[queries - rows - first : queries - first]
 
     def __repr__(self) -> str:
