@@ -734,9 +734,9 @@ class Transformer(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head: hidden Shape: (R, E) to logits Shape: (R, V), float32 or float64."""
         head = self.output
-        if type(head) is BlockLinear and hidden.dtype == torch.float32:  # eager: the kernel
-            if not torch.compiler.is_compiling():
-                return head.eager(hidden)  # float32 (what forward would call, directly)
+        eager = not torch.compiler.is_compiling()
+        if eager and type(head) is BlockLinear and hidden.dtype == torch.float32:
+            return head.eager(hidden)  # the kernel, float32: what its forward calls
         out = _matmul(head, hidden)
         return out if out.dtype == torch.float64 else out.float()
 
