@@ -334,7 +334,10 @@ def test_the_80_alias_is_the_published_template() -> None:
 # -- prompt lookup, max_tokens="auto" -------------------------------------------------
 
 
-def test_lookup_auto_sends_every_valued_node_on_a_flat_table_and_none_on_a_steep_one() -> None:
+def test_lookup_auto_sends_all_valued_nodes_on_a_flat_table_and_one_unpaid_on_a_steep_one() -> None:
+    """On a flat table every valued node pays; on a steep one none does, and the drafting
+    step sends the most valuable node unpaid, so that the acceptance it learns from sent
+    nodes can rise again (it did not, and stayed below what pays, on chat prompts)."""
     tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
     flat, steep = PromptLookup(latency=FLAT), PromptLookup(latency=STEEP)
     fixed = PromptLookup(max_tokens=32)
@@ -345,7 +348,26 @@ def test_lookup_auto_sends_every_valued_node_on_a_flat_table_and_none_on_a_steep
         == fixed.propose(_state(tokens)).tokens.tolist()
     )
     assert flat.propose(_state(tokens)).num_nodes > 0
-    assert steep.propose(_state(tokens)).num_nodes == 0
+    assert steep.gate is not None
+    tree = steep.propose(_state(tokens))
+    assert tree.tokens.tolist() == fixed.propose(_state(tokens)).tokens.tolist()[:1]
+    assert steep.gate._unpaid
+
+
+def test_lookup_auto_learns_from_its_unpaid_node() -> None:
+    """An accepted unpaid node raises the learned acceptance (hits over tries)."""
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
+    drafter = PromptLookup(latency=STEEP)
+    drafter.begin(_state(tokens))
+    before = drafter._hits / drafter._tried
+    tree = drafter.propose(_state(tokens))
+    assert tree.num_nodes == 1
+    accepted = int(tree.tokens[0])
+    logits = torch.zeros(2, 12)
+    logits[0, accepted] = 1.0
+    after_state = _state([*tokens, accepted, 7])
+    drafter.observe(StepOutcome(tree, logits, Verdict((0,), 7), after_state))
+    assert drafter._hits / drafter._tried > before
 
 
 # -- the decoder binds the table; exactness ------------------------------------------

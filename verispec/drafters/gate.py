@@ -259,6 +259,18 @@ class DeviceSized:
         gate = self._gate("this drafter")
         return choose_budget(values, gate.latency, context=context, overhead=gate.overhead())
 
+    def _learning_budget(self, values: list[float], context: int) -> int:
+        """:meth:`_budget`, but at least one node when there is one: a drafter whose
+        valuation learns only from the nodes it sends (Token Recycling's slot rates, prompt
+        lookup's acceptance) would otherwise keep a rate once below what pays there for
+        good. Such a node is sent unpaid (:meth:`DraftGate.unpaid`): it never ends the
+        gate's backing off."""
+        n = self._budget(values, context)
+        if n == 0 and values:
+            self._gate("this drafter").unpaid()
+            n = 1
+        return n
+
     def _gated_propose(self, what: str, make: Callable[[], DraftTree]) -> DraftTree:
         """``propose`` of a drafter sized by the device: the empty tree while the gate backs
         off, else ``make()``, its time counted as the drafter's."""

@@ -309,9 +309,9 @@ class PromptLookup(DeviceSized):
             best = list(range(len(tokens)))  # one occurrence: a chain
             value = [alpha**d for d in depth]
         best = best[:budget]
-        if self.sized_by_device:
+        if self.sized_by_device:  # at least one node: the acceptance learns from sent ones
             values = [value[i] for i in best]
-            best = best[: self._budget(values, len(state.tokens))]
+            best = best[: self._learning_budget(values, len(state.tokens))]
         # the nodes `best` (a connected set, parents first) as a tree
         new_index = {node: i for i, node in enumerate(best)}
         return DraftTree.from_parents(

@@ -396,11 +396,7 @@ class TokenRecycling(DeviceSized):
         # rates learn only from nodes sent; with none, a rate once below what pays would
         # stay there for good. Such a node is unpaid: it never ends the gate's backing off
         # (the rates must rise until the rule pays for a node first).
-        n = self._budget(values[:size], len(state.tokens))
-        if n == 0:
-            assert self.gate is not None
-            self.gate.unpaid()
-            n = 1
+        n = self._learning_budget(values[:size], len(state.tokens))
         token_of: dict[int, int] = {-1: root}
         rows: dict[int, list[int]] = {}
         kept: list[int] = []
