@@ -155,7 +155,8 @@ class PromptLookup(DeviceSized):
             or ``"auto"`` (the default): as many of the most valuable nodes (up to 32) as
             the target's latency table pays for, with the per-token acceptance learned
             from the accepted nodes, and no tree while drafting does not pay
-            (:mod:`verispec.drafters.gate`).
+            (:mod:`verispec.drafters.gate`); where no node pays, a drafting step sends
+            the most valuable one unpaid, so that the acceptance keeps learning.
         min_ngram, max_ngram: suffix lengths matched, longest first (transformers:
             ``max_matching_ngram_size=2``, down to 1).
         max_matches: most earlier occurrences merged per step.
