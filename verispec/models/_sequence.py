@@ -188,12 +188,7 @@ class TreeSequenceModel(abc.ABC):
             positions = torch.arange(self._cached, root_position + 1)
             logits = self._feed(tokens, positions, self._cached, mask, keep_rows=1)
             self._pending_fed = num_pending
-            self._tree = tree
-            self._fed = 0
-            return logits
-        node_positions = tree.depth[start:] + root_position
-        node_mask = tree.ancestor_mask[start:]  # (N - k, N)
-        if start == 0:
+        elif start == 0:
             # Feed the pending tokens, then the nodes, after the committed cache.
             queries = num_pending + num_nodes
             mask = torch.zeros(queries, queries, dtype=torch.bool)
@@ -201,16 +196,19 @@ class TreeSequenceModel(abc.ABC):
                 num_pending, num_pending, dtype=torch.bool
             ).tril_()
             mask[num_pending:, :num_pending] = True
-            mask[num_pending:, num_pending:] = node_mask
+            mask[num_pending:, num_pending:] = tree.ancestor_mask
             tokens = torch.cat([torch.tensor(self._pending, dtype=torch.long), new_tokens])
-            positions = torch.cat([torch.arange(self._cached, root_position + 1), node_positions])
+            positions = torch.cat(
+                [torch.arange(self._cached, root_position + 1), tree.depth + root_position]
+            )
             logits = self._feed(tokens, positions, self._cached, mask, keep_rows=num_nodes + 1)
             self._pending_fed = num_pending
         else:
             # Grow the tree scored by the previous call: its first k nodes are in the cache.
             mask = torch.ones(num_nodes - start, self._pending_fed + num_nodes, dtype=torch.bool)
-            mask[:, self._pending_fed :] = node_mask
-            logits = self._feed(new_tokens, node_positions, self._cached, mask, keep_rows=None)
+            mask[:, self._pending_fed :] = tree.ancestor_mask[start:]  # (N - k, N)
+            positions = tree.depth[start:] + root_position
+            logits = self._feed(new_tokens, positions, self._cached, mask, keep_rows=None)
         self._tree = tree
         self._fed = num_nodes
         return logits
@@ -232,10 +230,7 @@ class TreeSequenceModel(abc.ABC):
         if path:
             self._check_path(path)
         extra_token = int(extra_token)
-        if not 0 <= extra_token < self.vocab_size:  # _check_tokens' rule, for one id
-            raise ConfigError(
-                f"extra token token ids must be in [0, {self.vocab_size}); got {extra_token}."
-            )
+        self._check_range(extra_token, extra_token, "extra token")  # no tensor for one id
         if self._pending_fed:
             base = self._cached + self._pending_fed
             if path != list(range(len(path))):
@@ -254,7 +249,10 @@ class TreeSequenceModel(abc.ABC):
     def _check_tokens(self, tokens: torch.Tensor, what: str) -> None:
         if tokens.numel() == 0:
             return
-        low, high = int(tokens.min()), int(tokens.max())
+        self._check_range(int(tokens.min()), int(tokens.max()), what)
+
+    def _check_range(self, low: int, high: int, what: str) -> None:
+        """Token ids from ``low`` to ``high`` must be in the vocabulary."""
         if low < 0 or high >= self.vocab_size:
             bad = low if low < 0 else high
             error = TreeStructureError if what == "tree" else ConfigError

@@ -733,12 +733,8 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head: hidden Shape: (R, E) to logits Shape: (R, V), float32 or float64."""
-        head = self.output
-        eager = not torch.compiler.is_compiling()
-        if eager and type(head) is BlockLinear and hidden.dtype == torch.float32:
-            return head.eager(hidden)  # the kernel, float32: what its forward calls
-        out = _matmul(head, hidden)
-        return out if out.dtype == torch.float64 else out.float()
+        out = _matmul(self.output, hidden)
+        return out if out.dtype in (torch.float32, torch.float64) else out.float()
 
 
 def _matmul(linear: nn.Module, x: torch.Tensor, kind: PassKind = PassKind.TREE) -> torch.Tensor:
@@ -749,6 +745,8 @@ def _matmul(linear: nn.Module, x: torch.Tensor, kind: PassKind = PassKind.TREE) 
         return linear.widened(x)  # float32 in, float32 out
     weight_dtype = cast(torch.dtype, getattr(linear, "weight_dtype", None) or linear.weight.dtype)
     if weight_dtype == x.dtype:
+        if type(linear) is BlockLinear and not torch.compiler.is_compiling():
+            return linear.eager(x)  # what its forward calls, without the module call
         return linear(x)
     return linear(x.to(weight_dtype)).to(x.dtype)
 

@@ -451,13 +451,7 @@ class FastModel(TreeSequenceModel):
         # The head's rows: as many as its product's row invariance needs (invariance.py).
         least = min_product_rows(self.transformer.output)
         first = max(0, min(queries - rows, padded - least))
-        last = max(queries, first + least)
-        if first == 0 and last == hidden.shape[0]:  # every row (a plain step): no slicing
-            logits = self.transformer.logits(hidden)
-        else:
-            logits = self.transformer.logits(hidden[first:last])
-        if queries - rows - first == 0 and queries - first == logits.shape[0]:
-            return logits
+        logits = self.transformer.logits(hidden[first : max(queries, first + least)])
         return logits[queries - rows - first : queries - first]
 
     def __repr__(self) -> str:
