@@ -9,9 +9,10 @@ step size n (the root plus n - 1 tree nodes, after a ``--context``-token prompt)
 ``--repeats`` steps and splits each into
 
 * **C layers**: where the decoder layers run as one C call
-  (:class:`verispec.models.cpu_layer.LayerKernel`), that call, timed around it: the
-  layers' products, attention and small operators together (the columns below then hold
-  the rest of the step only);
+  (:meth:`verispec.models.cpu_layer.LayerKernel.forward`), that call, timed around it:
+  the embedding and rotary rows, the layers' products, attention and small operators and
+  the final norm together, and in a one-token step (n = 1) the LM head too (the columns
+  below then hold the rest of the step only);
 * **products**: the decoder layers' weight products (timed around each call);
 * **LM head**: the output product over the rows verification reads;
 * **attention**: :func:`verispec.models.llama.attend` or, where it runs, the C attention
@@ -109,15 +110,21 @@ def profile_step(model: FastModel, n: int, context: int, repeats: int) -> dict[s
         setattr(llama, name, timed_attention(function))
     kernel = model.transformer.cpu_layers
 
-    def timed_layers(*args: Any) -> torch.Tensor:
-        start = time.perf_counter()
-        out = kernel(*args)
-        spent["C layers"] += time.perf_counter() - start
-        return out
+    class TimedLayers:  # the kernel, its one C call a forward timed
+        def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            start = time.perf_counter()
+            out = kernel.forward(*args, **kwargs)
+            spent["C layers"] += time.perf_counter() - start
+            return out
+
+        def subset(self, layers: Any) -> Any:
+            return kernel.subset(layers)
+
+        def runs_head(self, transformer: Any) -> bool:
+            return bool(kernel.runs_head(transformer))
 
     if kernel is not None:  # every layer in one C call, where it runs
-        timed_layers.subset = lambda layers: kernel.subset(layers)  # type: ignore[attr-defined]
-        model.transformer.cpu_layers = timed_layers
+        model.transformer.cpu_layers = TimedLayers()
     generator = torch.Generator().manual_seed(0)
     try:
         model.prefill(torch.randint(model.vocab_size, (context,), generator=generator))

@@ -571,3 +571,141 @@ def test_c_layers_write_the_caches_they_are_given() -> None:
         assert torch.equal(cache.k[:, :40], before[:, :40])
     third = model.transformer.setup_caches(64, num_layers=layers)
     assert torch.equal(kernel(x, inputs, third), out_first)  # fresh caches: the first result
+
+
+def _decode(
+    model: FastModel, prompt: list[int], tokens: list[int], tree: DraftTree | None = None
+) -> list[torch.Tensor]:
+    """The logits of each plain step after ``prompt`` (the step's token committed after it),
+    then of a step with ``tree``."""
+    model.prefill(torch.tensor(prompt))
+    rows = []
+    for token in tokens:
+        rows.append(model.forward_tree(DraftTree.empty()))
+        model.commit([], token)
+    if tree is not None:
+        rows.append(model.forward_tree(tree))
+    return rows
+
+
+@needs_kernel
+@settings(max_examples=10, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, V - 1), min_size=1, max_size=PROMPT_PASS_TOKENS + 8),
+    tokens=st.lists(st.integers(0, V - 1), min_size=1, max_size=4),
+    tree=draft_trees(V, 14),
+)
+def test_a_step_is_one_c_call_with_the_general_paths_bits(
+    prompt: list[int], tokens: list[int], tree: DraftTree
+) -> None:
+    """With the C layers and a block-product head, a step with one pending token, plain or
+    with a tree, runs as one C call (``Transformer.decode_step``: embedding, layers with the
+    tree's mask built in C, final norm, head) and its logits are bit for bit those of the
+    general pass (the mask and positions built in torch, the C layers, then the head as a
+    product of its own), step after step."""
+    model = blocks_model()
+    transformer = model.transformer
+    assert model._shared.c_decode
+    calls = []
+    decode_step = transformer.decode_step
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(args)
+        return decode_step(*args, **kwargs)  # type: ignore[arg-type]
+
+    transformer.decode_step = counted  # type: ignore[method-assign]
+    try:
+        fast = _decode(model, prompt, tokens, tree)
+        model._shared.c_decode = False
+        general = _decode(model, prompt, tokens, tree)
+    finally:
+        model._shared.c_decode = True
+        del transformer.decode_step
+    assert len(calls) == len(tokens) + 1
+    assert [a.shape for a in fast] == [(1, V)] * len(tokens) + [(tree.num_nodes + 1, V)]
+    for a, b in zip(fast, general, strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_kernel
+def test_the_c_forward_refuses_an_unknown_token_and_writes_nothing() -> None:
+    """A token id outside the vocabulary is refused with the range it must be in, before any
+    cache slot is written."""
+    model = blocks_model()
+    transformer = model.transformer
+    caches = transformer.setup_caches(64)
+    before = [(c.k.clone(), c.v.clone()) for c in caches]
+    with pytest.raises(RuntimeError, match=rf"token ids must be in \[0, {V}\)"):
+        transformer.decode_step(V, 3, caches, 3)
+    for cache, (k, v) in zip(caches, before, strict=True):
+        assert torch.equal(cache.k, k) and torch.equal(cache.v, v)
+
+
+@needs_kernel
+def test_the_c_forward_reads_a_head_moved_by_module_apply() -> None:
+    """The head's blocks replaced by ``Module._apply`` (a move or cast makes a copy) are read
+    from the copy by the next plain step: zeroing the old tensor changes nothing, zeroing the
+    copy zeroes the logits."""
+    hf = tiny_model("llama", vocab_size=V, seed=3, dtype=torch.float32, hidden_size=64).hf_model
+    model = FastModel(hf, dtype=torch.float32, weights="q4_1")
+    assert model._shared.c_decode
+    before = _decode(model, [1, 2, 3], [4])[0]
+    head = model.transformer.output
+    old = head.blocks
+    head._apply(torch.clone)
+    assert head.blocks is not old
+    old.zero_()
+    assert torch.equal(_decode(model, [1, 2, 3], [4])[0], before)
+    head.blocks.zero_()
+    assert torch.equal(_decode(model, [1, 2, 3], [4])[0], torch.zeros(1, V))
+
+
+@needs_kernel
+def test_a_head_that_is_not_blocks_decodes_through_the_general_pass() -> None:
+    """Layers in blocks but a head that is not (a random float32 matrix): the C layers run,
+    the one-call step does not, and plain steps still give the tree rows bit for bit."""
+    hf = tiny_model("llama", vocab_size=V, seed=4, dtype=torch.float32, hidden_size=64).hf_model
+    with torch.no_grad():
+        for linear in hf.model.layers.modules():
+            if isinstance(linear, nn.Linear):
+                linear.weight.copy_(quantize_blocks(linear.weight, "q4_1"))
+    model = FastModel(hf, dtype=torch.float32)
+    assert model.transformer.cpu_layers is not None
+    assert not isinstance(model.transformer.output, BlockLinear)
+    assert not model._shared.c_decode
+    prompt = [5, 6, 7]
+    tree = DraftTree.from_parents(torch.tensor([8, 9, 10]), [-1, 0, -1])
+    model.prefill(torch.tensor(prompt))
+    assert torch.equal(model.forward_tree(tree), decoded_tree_reference(model, prompt, tree))
+
+
+@needs_kernel
+def test_the_c_forward_equals_its_parts() -> None:
+    """``LayerKernel.forward`` from token ids: its normed rows are the embedding rows through
+    the C layers and the final norm (its own weight, here random) to rounding, and its
+    logits of the last rows are bit for bit the head's product on those normed rows."""
+    model = blocks_model()
+    transformer = model.transformer
+    kernel = transformer.cpu_layers
+    tokens, positions = torch.tensor([3, 17, 60]), torch.tensor([5, 6, 7])
+    mask = torch.ones(3, 3, dtype=torch.bool).tril()
+    weight = transformer.norm.weight
+    original = weight.detach().clone()
+
+    def caches() -> list:
+        return transformer.setup_caches(64)
+
+    try:
+        with torch.no_grad():
+            weight.copy_(torch.rand(weight.shape, generator=torch.Generator().manual_seed(2)) + 0.5)
+        hidden = kernel.forward(transformer, tokens, positions, caches(), 5, mask)
+        x = transformer.tok_embeddings.weight[tokens].detach()
+        cos, sin = transformer.rope_cos[positions], transformer.rope_sin[positions]
+        layers = kernel(x, PassInputs(cos, sin, torch.tensor([5, 8]), mask), caches())
+        expected = torch.rms_norm(layers, weight.shape, weight.detach(), transformer.norm.eps)
+        assert (hidden - expected).abs().max().item() < 1e-5 * expected.abs().max().item()
+        logits = kernel.forward(transformer, tokens, positions, caches(), 5, mask, rows=2)
+        assert torch.equal(logits, transformer.logits(hidden[1:]))
+    finally:
+        with torch.no_grad():
+            weight.copy_(original)

@@ -137,3 +137,79 @@ int vs_layers(int64_t L, float *x, int64_t Q, int64_t E, const float *const *att
             return -1;
     return 0;
 }
+
+/* A tree pass from token ids, in one call: x = the tokens' embedding rows, each row's
+ * rotary cos / sin rows (row `positions[r]` of the tables), the layers (vs_layers), the
+ * final RMSNorm; then, with a head, its product on the last `rows` rows into out
+ * (rows x head->n, a decoding step's logits), else the normed rows into out (Q x E). The
+ * same operators, row by row, as the caller doing each step itself (the embedding and
+ * rotary rows are copies), so a row's bits do not depend on which way it ran.
+ *
+ * With `parents` (a root and the Q - 1 nodes of a draft tree below it, node i's parent
+ * parents[i] < i, -1 for the root), `positions` holds the root's position only: a node sits
+ * one position below its parent, and sees the root, its ancestors and itself (mask NULL).
+ * Without, `positions` holds Q positions and `mask` (Q x W) what each row sees (NULL for a
+ * single row seeing itself). Returns 0, or -1 on bad arguments (a token id or position out
+ * of its table, a parent not before its node, rows not in 1..Q) or no memory; nothing is
+ * written before the arguments are checked. */
+int vs_forward(int64_t L, const int64_t *tokens, const int64_t *positions,
+               const int64_t *parents, int64_t Q, int64_t E, const float *embedding,
+               int64_t vocab, const float *cos_table, const float *sin_table,
+               int64_t max_positions, const float *const *attn_norms,
+               const float *const *ffn_norms, const float *final_norm, float eps,
+               const vs_weights *w, const vs_weights *head, int64_t rows,
+               float *const *cache_k, float *const *cache_v, int64_t cap, int64_t H,
+               int64_t Hkv, int64_t D, int64_t start, const uint8_t *mask, int64_t W,
+               float *out, int threads) {
+    if (Q < 1 || E % 8 != 0 || (head != NULL && (rows < 1 || rows > Q || head->k != E)) ||
+        (mask == NULL && parents == NULL && Q != 1))
+        return -1;
+    const size_t floats = (size_t)(Q * (2 * E + 2 * D)), tree = parents ? (size_t)(Q * Q) : 0;
+    float *buf = NULL;
+    if (posix_memalign((void **)&buf, 64, floats * 4 + (size_t)Q * 8 + tree + 1) != 0) return -1;
+    float *x = buf, *normed = x + Q * E, *cos = normed + Q * E, *sin = cos + Q * D;
+    int64_t *pos = (int64_t *)(buf + floats);
+    uint8_t *own = (uint8_t *)(pos + Q);
+    int status = 0;
+    if (parents != NULL) { /* row 0 the root, row i + 1 node i */
+        memset(own, 0, tree);
+        pos[0] = positions[0];
+        own[0] = 1;
+        for (int64_t i = 0; i + 1 < Q && status == 0; i++) {
+            const int64_t p = parents[i];
+            if (p < -1 || p >= i) { status = -1; break; }
+            pos[i + 1] = pos[p + 1] + 1;
+            uint8_t *row = own + (i + 1) * Q;
+            memcpy(row, own + (p + 1) * Q, (size_t)(i + 1)); /* the parent's row: its ancestors */
+            row[i + 1] = 1;
+        }
+        mask = own, W = Q;
+    } else {
+        memcpy(pos, positions, (size_t)Q * 8);
+        if (mask == NULL) own[0] = 1, mask = own, W = 1;
+    }
+    for (int64_t r = 0; r < Q && status == 0; r++)
+        if (tokens[r] < 0 || tokens[r] >= vocab || pos[r] < 0 || pos[r] >= max_positions)
+            status = -1;
+    if (status != 0) {
+        free(buf);
+        return -1;
+    }
+    for (int64_t r = 0; r < Q; r++) {
+        memcpy(x + r * E, embedding + tokens[r] * E, E * 4);
+        memcpy(cos + r * D, cos_table + pos[r] * D, D * 4);
+        memcpy(sin + r * D, sin_table + pos[r] * D, D * 4);
+    }
+    status = vs_layers(L, x, Q, E, attn_norms, ffn_norms, eps, w, cos, sin, cache_k, cache_v,
+                       cap, H, Hkv, D, start, mask, W, threads);
+    if (status == 0) {
+        if (head == NULL) {
+            rms_norm(x, Q, E, final_norm, eps, out);
+        } else {
+            rms_norm(x + (Q - rows) * E, rows, E, final_norm, eps, normed);
+            status = product(head, normed, rows, out, threads);
+        }
+    }
+    free(buf);
+    return status;
+}

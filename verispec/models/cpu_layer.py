@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -30,7 +30,20 @@ from verispec.models.cpu_attention import cpu_attention_available
 from verispec.models.cpu_linear import BlockLinear, library, tensors_replaced
 from verispec.models.llama import Block, KVCache, PassInputs
 
+if TYPE_CHECKING:
+    from verispec.models.llama import Transformer
+
 __all__ = ["LayerKernel"]
+
+
+def _int64s(values: torch.Tensor | Sequence[int]) -> tuple[Any, int]:
+    """Int64 values as a C pointer argument, and their count: a contiguous tensor's address,
+    or a C array made of a list (a decoding step's single token and position)."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype != torch.int64 or not values.is_contiguous() or values.device.type != "cpu":
+            raise ValueError("token ids and positions must be contiguous int64 CPU tensors")
+        return values.data_ptr(), values.numel()
+    return (ctypes.c_int64 * len(values))(*values), len(values)
 
 
 class _Weights(ctypes.Structure):
@@ -76,6 +89,8 @@ class LayerKernel:
         self._cache_ids: tuple[int, ...] = ()
         self._cache_keys = self._cache_values = (ctypes.c_void_p * 0)()
         self._capacity = 0
+        # forward()'s model, embedding, rotary tables, final norm, head record and its blocks
+        self._ends: tuple[Any, ...] | None = None
 
     def _pointers(
         self, caches: Sequence[KVCache]
@@ -97,6 +112,7 @@ class LayerKernel:
     def _bind(self) -> None:
         """Read the products' current tensors (kept referenced, so their memory stays)."""
         self._replacements = tensors_replaced()
+        self._ends = None  # the head's may have been replaced too
         self._held = tuple((p.blocks, p.bias) for p in self._products)
         self._weights = (_Weights * len(self._products))(
             *(
@@ -149,13 +165,7 @@ class LayerKernel:
         """The last layer's output for ``x`` (Shape: (Q, E), float32), each layer writing
         its new keys and values into its cache; arguments as
         :meth:`verispec.models.llama.Block.forward`, one cache per layer (a tree pass)."""
-        lib = library()
-        if lib is None:
-            raise RuntimeError("the CPU kernels are unavailable (see cpu_linear.kernel_status)")
-        if len(caches) != len(self._blocks):
-            raise ValueError(f"{len(self._blocks)} layers need as many caches; got {len(caches)}")
-        if tensors_replaced() != self._replacements:
-            self._bind()  # a product's tensors may have been replaced
+        lib = self._library(caches)
         out = x.contiguous().clone()
         cos, sin = inputs.cos.contiguous(), inputs.sin.contiguous()
         mask = inputs.local_mask.contiguous().view(torch.uint8)
@@ -177,3 +187,119 @@ class LayerKernel:
                 f"mask {tuple(mask.shape)}"
             )
         return out
+
+    def forward(
+        self,
+        model: Transformer,
+        tokens: torch.Tensor | Sequence[int],
+        positions: torch.Tensor | Sequence[int],
+        caches: Sequence[KVCache],
+        start: int,
+        mask: torch.Tensor | None = None,
+        *,
+        parents: Sequence[int] | None = None,
+        rows: int = 0,
+    ) -> torch.Tensor:
+        """A tree pass of ``model`` (whose decoder layers these are) from token ids, in one
+        C call: the embedding and rotary rows, the layers, the final norm, and with
+        ``rows`` > 0 the LM head on the last ``rows`` rows (a decoding step).
+
+        Args:
+            tokens: int64, Shape: (Q,) (a tensor or a list of ints).
+            positions: int64, Shape: (Q,); with ``parents``, the root's position only.
+            caches: one per layer; the new keys and values go to slots ``start`` on.
+            mask: bool, Shape: (Q, W), which of the pass's slots each token sees (``None``:
+                one token seeing itself, or the tree ``parents`` gives).
+            parents: a root (``tokens[0]``) and the ``Q - 1`` nodes of a draft tree below
+                it, node i's parent (``-1``: the root) before it: each node one position
+                below its parent, seeing the root, its ancestors and itself.
+            rows: 0 for the final-normed rows, Shape: (Q, E); else the logits of the last
+                ``rows`` rows, Shape: (rows, V) (the head must be a
+                :class:`~verispec.models.cpu_linear.BlockLinear`: :meth:`runs_head`).
+
+        Returns:
+            float32, as ``rows`` says. The same bits, row by row, however the rows are split
+            between passes: the embedding and rotary rows are copies, the norm is
+            :meth:`__call__`'s, the head the block product's.
+        """
+        lib = self._library(caches)
+        ends = self._ends if self._ends is not None and self._ends[0] is model else None
+        if ends is None:
+            ends = self._bind_ends(model)
+        _, embedding, cos, sin, norm, head, _ = ends
+        if rows and head is None:
+            raise ValueError("this model's LM head is not a block product; pass rows=0")
+        token_ptr, q_len = _int64s(tokens)
+        position_ptr, q_pos = _int64s(positions)
+        if parents is not None:
+            parent_ptr, nodes = _int64s(parents)
+            if nodes != q_len - 1 or q_pos != 1 or mask is not None:
+                raise ValueError(
+                    f"a tree pass takes the root's position and its nodes' parents, no mask; "
+                    f"got {q_len} tokens, {q_pos} positions, {nodes} parents"
+                )
+        elif q_pos != q_len:
+            raise ValueError(f"{q_len} tokens need as many positions; got {q_pos}")
+        elif mask is None and q_len != 1:
+            raise ValueError(f"a pass of {q_len} tokens needs a mask or parents; got neither")
+        mask_ptr, mask_width = None, 0
+        if mask is not None:
+            mask_u8 = mask.contiguous().view(torch.uint8)
+            mask_ptr, mask_width = mask_u8.data_ptr(), mask_u8.shape[1]
+        width = embedding.shape[1]
+        shape = (rows, head.n) if rows else (q_len, width)  # type: ignore[union-attr]
+        out = torch.empty(shape, dtype=torch.float32)
+        keys, values = self._pointers(caches)
+        heads, kv_heads, head_dim = self._heads
+        status = lib.vs_forward(
+            len(caches), token_ptr, position_ptr, None if parents is None else parent_ptr, q_len,
+            width, embedding.data_ptr(), embedding.shape[0], cos.data_ptr(), sin.data_ptr(),
+            cos.shape[0], self._attn_norms, self._ffn_norms, norm.data_ptr(), self._eps,
+            self._weights, ctypes.byref(head) if rows else None, rows, keys, values,
+            self._capacity, heads, kv_heads, head_dim, start, mask_ptr, mask_width,
+            out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(
+                f"the C forward refused its arguments or ran out of memory: Q={q_len}, "
+                f"start={start}, rows={rows}, cache capacity {self._capacity}, mask width "
+                f"{mask_width} (token ids must be in [0, {embedding.shape[0]}), positions in "
+                f"[0, {cos.shape[0]}), a node's parent before it)"
+            )
+        return out
+
+    def _library(self, caches: Sequence[KVCache]) -> ctypes.CDLL:
+        """The built kernels, after checking ``caches`` and reading the products' tensors
+        again where any was replaced."""
+        lib = library()
+        if lib is None:
+            raise RuntimeError("the CPU kernels are unavailable (see cpu_linear.kernel_status)")
+        if len(caches) != len(self._blocks):
+            raise ValueError(f"{len(self._blocks)} layers need as many caches; got {len(caches)}")
+        if tensors_replaced() != self._replacements:
+            self._bind()  # a product's tensors may have been replaced
+        return lib
+
+    def runs_head(self, model: Transformer) -> bool:
+        """Whether :meth:`forward` can run ``model``'s LM head (a block product)."""
+        ends = self._ends if self._ends is not None and self._ends[0] is model else None
+        return (ends or self._bind_ends(model))[5] is not None
+
+    def _bind_ends(self, model: Transformer) -> tuple[Any, ...]:
+        """What :meth:`forward` reads around the layers: the embedding, rotary tables, final
+        norm and head of ``model``, kept (and read again when a product's tensors were
+        replaced, as a move or cast of the model does)."""
+        output = model.output
+        head = None
+        if isinstance(output, BlockLinear) and output.bias is None:
+            head = _Weights(output.kind, output.blocks.data_ptr(), None,
+                            output.out_features, output.in_features)  # fmt: skip
+        embedding = model.tok_embeddings.weight.detach()
+        tables = (model.rope_cos, model.rope_sin, model.norm.weight.detach())
+        names = ("embedding", "cos", "sin", "norm")
+        for name, t in zip(names, (embedding, *tables), strict=True):
+            if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+                raise ValueError(f"the C forward needs a float32, contiguous CPU {name}")
+        held = output.blocks if head is not None else None
+        self._ends = (model, embedding, *tables, head, held)
+        return self._ends

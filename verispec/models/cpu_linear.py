@@ -88,6 +88,10 @@ def _build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     layers: list[Any] = [i64, ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr, ptr, ptr, ptr, ptr]
     lib.vs_layers.argtypes = layers + [i64] * 5 + [ptr, i64, ctypes.c_int]
     lib.vs_layers.restype = ctypes.c_int
+    forward: list[Any] = [i64, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr]
+    forward += [ctypes.c_float, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, ptr]
+    lib.vs_forward.argtypes = [*forward, ctypes.c_int]
+    lib.vs_forward.restype = ctypes.c_int
     for name, size in _BLOCK_BYTES.items():
         if lib.vs_block_bytes(FORMATS[name]) != size:  # the C struct layout is what we write
             raise RuntimeError(f"the built kernel's {name} block is not {size} bytes")

@@ -59,6 +59,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from verispec.core.tree import DraftTree
 from verispec.errors import UnsupportedModelError
 from verispec.models.cpu_attention import attend_cpu
 from verispec.models.cpu_linear import BlockLinear
@@ -692,16 +693,36 @@ class Transformer(nn.Module):
         local_mask: torch.Tensor,
         layers: tuple[int, ...] | None,
     ) -> torch.Tensor:
-        """:meth:`forward`'s tree pass with every layer in one C call (``cpu_layers``): the
-        same operators as the module path around it (embedding, rotary rows, final norm),
-        called directly rather than through modules. A step runs them right after the
-        layers have streamed their weights through the CPU's caches, where each Python call
-        costs tens of microseconds."""
+        """:meth:`forward`'s tree pass in one C call (``cpu_layers``): the embedding and
+        rotary rows, every layer and the final norm (its sum of squares in C, as the layers'
+        norms: the same rows as the module path to rounding). A step runs right after the
+        layers have streamed their weights through the CPU's caches, where each Python or
+        torch call costs tens of microseconds."""
         kernel = self.cpu_layers if layers is None else self.cpu_layers.subset(layers)
-        x = F.embedding(tokens, self.tok_embeddings.weight).to(self.compute_dtype)  # (Q, E)
-        inputs = PassInputs(self.rope_cos[positions], self.rope_sin[positions], where, local_mask)
-        norm = self.norm
-        return torch.rms_norm(kernel(x, inputs, caches), norm.weight.shape, norm.weight, norm.eps)
+        start = int(where[0])
+        return kernel.forward(self, tokens, positions, caches, start, local_mask)
+
+    def decode_step(
+        self,
+        token: int,
+        position: int,
+        caches: list[KVCache],
+        start: int,
+        tree: DraftTree | None = None,
+        layers: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        """A decoding step's logits, Shape: (N + 1, V): ``token`` at ``position`` (row 0)
+        and the N nodes of ``tree`` below it (none: a plain step), their keys and values
+        written from slot ``start`` of every cache on, the embedding, the layers, the final
+        norm and the LM head in one C call (``cpu_layers``, with a block-product head:
+        :meth:`~verispec.models.cpu_layer.LayerKernel.runs_head`). Bit for bit the rows of a
+        :meth:`forward` tree pass and :meth:`logits` on them."""
+        kernel = self.cpu_layers if layers is None else self.cpu_layers.subset(layers)
+        nodes = tree.tokens.tolist() if tree is not None else []
+        parents = tree.parents.tolist() if tree is not None else []
+        return kernel.forward(
+            self, [token, *nodes], (position,), caches, start, parents=parents, rows=1 + len(nodes)
+        )
 
     def _blocks(
         self,

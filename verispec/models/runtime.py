@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from verispec.core.notices import waiting
+from verispec.core.tree import DraftTree
 from verispec.core.validate import boolean, integer
 from verispec.errors import ConfigError
 from verispec.kernels.cpu_features import default_dtype
@@ -227,7 +228,9 @@ class FastModel(TreeSequenceModel):
             block.attention.kernel = kernel
         if shared.cpu_attention:  # every layer in one C call, where the blocks allow it
             transformer.cpu_layers = LayerKernel.for_blocks(transformer.blocks)
-        shared.cpu_layers = transformer.cpu_layers is not None
+        kernel = transformer.cpu_layers
+        shared.cpu_layers = kernel is not None
+        shared.c_decode = bool(kernel and shared.min_rows == 1 and kernel.runs_head(transformer))
         self._setup(shared, context, tuple(range(transformer.args.n_layers)))
 
     @classmethod
@@ -375,6 +378,18 @@ class FastModel(TreeSequenceModel):
             new.k[:, :capacity] = old.k
             new.v[:, :capacity] = old.v
         self._caches = fresh
+
+    def _decode_step(self, tree: DraftTree) -> torch.Tensor | None:
+        """With the C layers and a block-product head (eager CPU, float32), the whole step
+        in one C call (:meth:`~verispec.models.llama.Transformer.decode_step`): no mask,
+        index or position tensor is built, no torch operator runs around it."""
+        if not self._shared.c_decode:
+            return None
+        start = self._cached  # as _feed_once places the rows: from slot `visible`, unpadded
+        self._reserve(-(-(start + 1 + tree.num_nodes) // _SLOT_ALIGN) * _SLOT_ALIGN)
+        return self.transformer.decode_step(
+            self._pending[0], start, self._caches, start, tree, self._layers_arg
+        )
 
     def _feed(
         self,
@@ -534,6 +549,7 @@ class _Shared:
         self.blocks = 0  # products that read GGUF blocks (FastModel's ``weights``)
         self.cpu_attention = False  # the attention in one C call a layer (``attention``)
         self.cpu_layers = False  # ... and, with every product in blocks, the whole layer
+        self.c_decode = False  # ... and with a block head, a plain step in one C call
         self.wrapper: BucketedForward | None = None  # compiled or graphed; None: eager
         # Tokens a pass runs on at least (the rule: verispec.models.invariance).
         args = transformer.args
