@@ -4,6 +4,10 @@
  * SwiGLU, the down product and residual. On a small CPU the ~15 torch operators a layer
  * spends around its products and attention cost more in dispatch than in arithmetic.
  *
+ * vs_forward runs a whole tree pass from token ids around the layers (embedding rows,
+ * rotary rows, a draft tree's mask and positions from its parents, the final norm, the LM
+ * head), so that a decoding step is one call (verispec/models/cpu_layer.py, forward).
+ *
  * Built with _cpu_linear.c and _cpu_attention.c into one library
  * (verispec/models/cpu_linear.py). Every step works on one token row at a time (the
  * products and the attention are row-invariant, the norms, rotary, SwiGLU and residuals
