@@ -228,9 +228,9 @@ class FastModel(TreeSequenceModel):
             block.attention.kernel = kernel
         if shared.cpu_attention:  # every layer in one C call, where the blocks allow it
             transformer.cpu_layers = LayerKernel.for_blocks(transformer.blocks)
-        kernel = transformer.cpu_layers
-        shared.cpu_layers = kernel is not None
-        shared.c_decode = bool(kernel and shared.min_rows == 1 and kernel.runs_head(transformer))
+        layers = transformer.cpu_layers
+        shared.cpu_layers = layers is not None
+        shared.c_decode = bool(layers and shared.min_rows == 1 and layers.runs_head(transformer))
         self._setup(shared, context, tuple(range(transformer.args.n_layers)))
 
     @classmethod
@@ -549,7 +549,7 @@ class _Shared:
         self.blocks = 0  # products that read GGUF blocks (FastModel's ``weights``)
         self.cpu_attention = False  # the attention in one C call a layer (``attention``)
         self.cpu_layers = False  # ... and, with every product in blocks, the whole layer
-        self.c_decode = False  # ... and with a block head, a plain step in one C call
+        self.c_decode = False  # ... and with a block head, a decoding step in one C call
         self.wrapper: BucketedForward | None = None  # compiled or graphed; None: eager
         # Tokens a pass runs on at least (the rule: verispec.models.invariance).
         args = transformer.args
