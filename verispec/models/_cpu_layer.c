@@ -152,8 +152,7 @@ int vs_layers(int64_t L, float *x, int64_t Q, int64_t E, const float *const *att
  * With `parents` (a root and the Q - 1 nodes of a draft tree below it, node i's parent
  * parents[i] < i, -1 for the root), `positions` holds the root's position only: a node sits
  * one position below its parent, and sees the root, its ancestors and itself (mask NULL).
- * Without, `positions` holds Q positions and `mask` (Q x W) what each row sees (NULL for a
- * single row seeing itself). Returns 0, or -1 on bad arguments (a token id or position out
+ * Without, `positions` holds Q positions and `mask` (Q x W) what each row sees. Returns 0, or -1 on bad arguments (a token id or position out
  * of its table, a parent not before its node, rows not in 1..Q) or no memory; nothing is
  * written before the arguments are checked. */
 int vs_forward(int64_t L, const int64_t *tokens, const int64_t *positions,
@@ -166,11 +165,11 @@ int vs_forward(int64_t L, const int64_t *tokens, const int64_t *positions,
                int64_t Hkv, int64_t D, int64_t start, const uint8_t *mask, int64_t W,
                float *out, int threads) {
     if (Q < 1 || E % 8 != 0 || (head != NULL && (rows < 1 || rows > Q || head->k != E)) ||
-        (mask == NULL && parents == NULL && Q != 1))
+        (mask == NULL && parents == NULL))
         return -1;
     const size_t floats = (size_t)(Q * (2 * E + 2 * D)), tree = parents ? (size_t)(Q * Q) : 0;
     float *buf = NULL;
-    if (posix_memalign((void **)&buf, 64, floats * 4 + (size_t)Q * 8 + tree + 1) != 0) return -1;
+    if (posix_memalign((void **)&buf, 64, floats * 4 + (size_t)Q * 8 + tree) != 0) return -1;
     float *x = buf, *normed = x + Q * E, *cos = normed + Q * E, *sin = cos + Q * D;
     int64_t *pos = (int64_t *)(buf + floats);
     uint8_t *own = (uint8_t *)(pos + Q);
@@ -190,7 +189,6 @@ int vs_forward(int64_t L, const int64_t *tokens, const int64_t *positions,
         mask = own, W = Q;
     } else {
         memcpy(pos, positions, (size_t)Q * 8);
-        if (mask == NULL) own[0] = 1, mask = own, W = 1;
     }
     for (int64_t r = 0; r < Q && status == 0; r++)
         if (tokens[r] < 0 || tokens[r] >= vocab || pos[r] < 0 || pos[r] >= max_positions)

@@ -216,8 +216,8 @@ class LayerKernel:
             tokens: int64, Shape: (Q,) (a tensor or a list of ints).
             positions: int64, Shape: (Q,); with ``parents``, the root's position only.
             caches: one per layer; the new keys and values go to slots ``start`` on.
-            mask: bool, Shape: (Q, W), which of the pass's slots each token sees (``None``:
-                one token seeing itself, or the tree ``parents`` gives).
+            mask: bool, Shape: (Q, W), which of the pass's slots each token sees (``None``
+                with ``parents``: the tree's).
             parents: a root (``tokens[0]``) and the ``Q - 1`` nodes of a draft tree below
                 it, node i's parent (``-1``: the root) before it: each node one position
                 below its parent, seeing the root, its ancestors and itself.
@@ -231,10 +231,7 @@ class LayerKernel:
             :meth:`__call__`'s, the head the block product's.
         """
         lib = self._library(caches)
-        ends = self._ends if self._ends is not None and self._ends[0] is model else None
-        if ends is None:
-            ends = self._bind_ends(model)
-        _, embedding, cos, sin, norm, head, _ = ends
+        _, embedding, cos, sin, norm, head, _ = self._ends_of(model)
         if rows and head is None:
             raise ValueError("this model's LM head is not a block product; pass rows=0")
         token_ptr, q_len = _int64s(tokens)
@@ -248,9 +245,9 @@ class LayerKernel:
                 )
         elif q_pos != q_len:
             raise ValueError(f"{q_len} tokens need as many positions; got {q_pos}")
-        elif mask is None and q_len != 1:
-            raise ValueError(f"a pass of {q_len} tokens needs a mask or parents; got neither")
-        mask_ptr, mask_width = None, 0
+        elif mask is None:
+            raise ValueError("a pass needs a mask or its tree's parents; got neither")
+        mask_ptr, mask_width = None, 0  # with parents, the C code builds the tree's
         if mask is not None:
             mask_u8 = mask.contiguous().view(torch.uint8)
             mask_ptr, mask_width = mask_u8.data_ptr(), mask_u8.shape[1]
@@ -290,13 +287,15 @@ class LayerKernel:
 
     def runs_head(self, model: Transformer) -> bool:
         """Whether :meth:`forward` can run ``model``'s LM head (a block product)."""
-        ends = self._ends if self._ends is not None and self._ends[0] is model else None
-        return (ends or self._bind_ends(model))[5] is not None
+        return self._ends_of(model)[5] is not None
 
-    def _bind_ends(self, model: Transformer) -> tuple[Any, ...]:
-        """What :meth:`forward` reads around the layers: the embedding, rotary tables, final
-        norm and head of ``model``, kept (and read again when a product's tensors were
-        replaced, as a move or cast of the model does)."""
+    def _ends_of(self, model: Transformer) -> tuple[Any, ...]:
+        """What :meth:`forward` reads around the layers: ``(model, embedding, cos table, sin
+        table, final norm weight, head record or None, head blocks)``, kept (and read again
+        for another model, or when a product's tensors were replaced, as a move or cast of
+        the model does)."""
+        if self._ends is not None and self._ends[0] is model:
+            return self._ends
         output = model.output
         head = None
         if isinstance(output, BlockLinear) and output.bias is None:
