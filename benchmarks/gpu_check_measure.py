@@ -251,7 +251,32 @@ def _bench_run(
     with use_backend(kernels):
         run = run_bench(make_context(model, tokenizer), parse_methods(methods, METHODS),
                         questions, config, progress=False)  # fmt: skip
-    return summarise(run)
+    return summarise(run), run.records
+
+
+def _answers(records: Any) -> dict[str, dict[tuple[str, int], list[int]]]:
+    """Each method's answers by (question id, turn)."""
+    answers: dict[str, dict[tuple[str, int], list[int]]] = {}
+    for r in records:
+        answers.setdefault(r.method, {})[(str(r.question_id), r.turn)] = list(r.result.tokens)
+    return answers
+
+
+def _against(mine: dict[Any, list[int]], reference: dict[Any, list[int]]) -> dict[str, Any]:
+    """How many of ``mine`` equal the reference's answer to the same question, and where
+    the others first differ (token index)."""
+    same, differ = 0, []
+    for key, tokens in mine.items():
+        expected = reference.get(key)
+        if expected is None:
+            continue
+        if tokens == expected:
+            same += 1
+            continue
+        pairs = enumerate(zip(tokens, expected, strict=False))
+        first = next((i for i, (a, b) in pairs if a != b), min(len(tokens), len(expected)))
+        differ.append({"question_id": key[0], "turn": key[1], "first_diff": first})
+    return {"identical": same, "compared": same + len(differ), "differ": differ}
 
 
 def stage_bench(check: Any) -> tuple[str, dict[str, Any]]:
@@ -267,12 +292,14 @@ def stage_bench(check: Any) -> tuple[str, dict[str, Any]]:
         name = str(dtype)[6:]
         model, tokenizer, what = _target(check, dtype)
         chat = "real" in what  # the byte tokenizer of the random models has no chat template
-        methods = DRY_METHODS if check.dry else GPU_METHODS
         runs = {
-            "kernels on": _bench_run(check, model, tokenizer, methods, "auto", chat),
+            "kernels on": _bench_run(check, model, tokenizer, check.methods, "auto", chat),
             "kernels off": _bench_run(check, model, tokenizer, "ar,tr:template=8", "torch", chat),
         }
-        for label, report in runs.items():
+        # every answer against ar's in the same run, and ar against itself across the switch
+        answers = {label: _answers(records) for label, (_, records) in runs.items()}
+        ar_on = answers["kernels on"].get("ar", {})
+        for label, (report, _) in runs.items():
             stem = f"bench_{name}_{label.replace(' ', '_')}"
             machine = machine_info(check.device, name)
             command = f"gpu_check bench {name} {label} ({what})"
@@ -287,7 +314,10 @@ def stage_bench(check: Any) -> tuple[str, dict[str, Any]]:
                     "speedup_vs_ar": fig.speedup_vs_ar,
                     "identical": fig.identical,
                     "steps_per_s": fig.steps / fig.seconds if fig.seconds else None,
+                    "vs_ar": _against(answers[label][method], answers[label].get("ar", {})),
                 }
+                if label != "kernels on":
+                    row["vs_ar_kernels_on"] = _against(answers[label][method], ar_on)
                 if "random" in what and method in cpu_mat and row["steps_per_s"]:
                     row["estimated_tokens_per_s"] = cpu_mat[method] * row["steps_per_s"]
                 methods[method] = row

@@ -66,7 +66,7 @@ def test_each_stage_reports_its_figures(dry_run) -> None:  # type: ignore[no-unt
     and the real model absent; compiles down to a cubin; the gates collected (skipped on the
     CPU); five kernel cases with Triton and PyTorch times and exact agreement where the
     rule is exact; pytest-benchmark rows; T(n) for n = 0..4 for both models; bench figures
-    with kernels on and off for every method."""
+    with kernels on and off for every method, each answer compared with ``ar``'s."""
     _, out = dry_run
     data = {
         s["name"]: s["data"] for s in json.loads((out / "gpu_check.json").read_text())["stages"]
@@ -94,6 +94,11 @@ def test_each_stage_reports_its_figures(dry_run) -> None:  # type: ignore[no-unt
     }
     for body in runs.values():
         assert all(r["tokens_per_s"] > 0 for r in body["methods"].values())
+        # float32 greedy on the CPU: every method's answers are ar's, each compared
+        for r in body["methods"].values():
+            assert r["vs_ar"]["compared"] == 7 and r["vs_ar"]["identical"] == 7, r
+    for r in runs["float32 kernels off"]["methods"].values():
+        assert r["vs_ar_kernels_on"] == {"identical": 7, "compared": 7, "differ": []}
     assert (out / "bench_float32_kernels_on.json").exists()
 
 
@@ -111,3 +116,23 @@ def test_a_later_call_with_some_stages_keeps_the_others(dry_run) -> None:  # typ
     after = json.loads((out / "gpu_check.json").read_text())["stages"]
     assert [s["name"] for s in after] == STAGES
     assert after[1:] == before[1:] and after[0]["seconds"] != before[0]["seconds"]
+
+
+def test_answers_are_compared_with_ar_token_by_token() -> None:
+    """The bench stage's comparison counts equal answers, skips questions the reference
+    lacks, and gives the first differing token (the shorter length for a prefix)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from gpu_check_measure import _against
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    reference = {("1", 0): [5, 6, 7, 8], ("2", 0): [1, 2, 3], ("3", 0): [9, 9]}
+    mine = {("1", 0): [5, 6, 0, 8], ("2", 0): [1, 2, 3], ("3", 0): [9], ("4", 0): [4]}
+    assert _against(mine, reference) == {
+        "identical": 1,
+        "compared": 3,
+        "differ": [
+            {"question_id": "1", "turn": 0, "first_diff": 2},
+            {"question_id": "3", "turn": 0, "first_diff": 1},
+        ],
+    }
