@@ -258,12 +258,13 @@ def _same(row: dict[str, Any]) -> str:
 
 def _md_bench(data: dict[str, Any]) -> list[str]:
     lines = [f"MAT for the estimates: {data['mat_source']} (CPU, real weights)", ""]
-    head = ["method", "tokens/s", "MAT", "vs hf", "= hf", "= ar", "est. tokens/s"]
+    head = ["method", "tokens/s", "MAT", "nodes/step", "vs hf", "= hf", "= ar",
+            "est. tokens/s"]  # fmt: skip
     for run, body in data["runs"].items():
         rows = [
             [method, _num(r["tokens_per_s"], ".1f"), _num(r["mean_accepted"], ".2f"),
-             _num(r["speedup_vs_hf"], ".2f"), _num(r["identical"], ".0%"), _same(r),
-             _num(r.get("estimated_tokens_per_s"), ".1f")]
+             _num(r.get("nodes_per_step"), ".1f"), _num(r["speedup_vs_hf"], ".2f"),
+             _num(r["identical"], ".0%"), _same(r), _num(r.get("estimated_tokens_per_s"), ".1f")]
             for method, r in body["methods"].items()
         ]  # fmt: skip
         lines += [f"**{run}**: {body['model']}", "", _md_table(head, rows), ""]

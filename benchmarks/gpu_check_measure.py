@@ -314,6 +314,7 @@ def stage_bench(check: Any) -> tuple[str, dict[str, Any]]:
                     "speedup_vs_ar": fig.speedup_vs_ar,
                     "identical": fig.identical,
                     "steps_per_s": fig.steps / fig.seconds if fig.seconds else None,
+                    "nodes_per_step": fig.mean_tree_size,
                     "vs_ar": _against(answers[label][method], answers[label].get("ar", {})),
                 }
                 if label != "kernels on":
@@ -322,5 +323,26 @@ def stage_bench(check: Any) -> tuple[str, dict[str, Any]]:
                     row["estimated_tokens_per_s"] = cpu_mat[method] * row["steps_per_s"]
                 methods[method] = row
             data["runs"][f"{name} {label}"] = {"model": what, "methods": methods}
+        data.setdefault("latency_tables", {})[name] = _keep_latency_table(check, model, name)
         del model
     return "ok", data
+
+
+def _keep_latency_table(check: Any, model: Any, name: str) -> str | None:
+    """Copy the latency table the device-sized methods used with ``model`` (the budget
+    rule's T(n), cached by :func:`~verispec.drafters.budget.latency_for`) into OUTDIR as
+    ``latency_<dtype>.json``, so that how they sized their trees can be read after the
+    machine is gone; ``None`` if none was measured."""
+    import hashlib
+    import shutil
+
+    from verispec.core.paths import cache_dir
+    from verispec.drafters.budget import device_key
+
+    table = cache_dir("latency") / (
+        hashlib.sha1(device_key(model).encode()).hexdigest()[:16] + ".json"
+    )
+    if not table.is_file():
+        return None
+    shutil.copyfile(table, check.out / f"latency_{name}.json")
+    return f"latency_{name}.json"

@@ -100,6 +100,10 @@ def test_each_stage_reports_its_figures(dry_run) -> None:  # type: ignore[no-unt
     for r in runs["float32 kernels off"]["methods"].values():
         assert r["vs_ar_kernels_on"] == {"identical": 7, "compared": 7, "differ": []}
     assert (out / "bench_float32_kernels_on.json").exists()
+    # the latency table dtr sized its trees with, kept beside the report
+    assert data["bench"]["latency_tables"] == {"float32": "latency_float32.json"}
+    table = json.loads((out / "latency_float32.json").read_text())
+    assert table["sizes"][0] == 0 and len(table["seconds"]) == len(table["sizes"])
 
 
 def test_a_later_call_with_some_stages_keeps_the_others(dry_run) -> None:  # type: ignore[no-untyped-def]

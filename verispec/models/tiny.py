@@ -152,7 +152,14 @@ class ByteTokenizer:
         return [self.bos_token_id, *(b + self._OFFSET for b in text.encode("utf-8"))]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        data = bytes(int(i) - self._OFFSET for i in ids if int(i) >= self._OFFSET)
+        """The text of ``ids``; an id past the bytes (a random model with a larger
+        vocabulary, such as one of SmolLM2's shape) reads as U+FFFD."""
+        data = bytearray()
+        for i in map(int, ids):
+            if i >= len(self):
+                data += "\ufffd".encode()
+            elif i >= self._OFFSET:
+                data.append(i - self._OFFSET)
         return data.decode("utf-8", errors="replace")
 
     def token_bytes(self) -> list[bytes]:
