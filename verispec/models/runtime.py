@@ -84,12 +84,14 @@ _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
 # Prompt tokens per prefill pass: bounds the activations (8,192 rows of the gate/up
 # product are 100 MB); the fused attention needs no score matrix.
 _PREFILL_CHUNK = 8192
-PROMPT_PASS_TOKENS = 32
+PROMPT_PASS_TOKENS = 64
 """A prefill chunk of at least this many tokens runs as a prompt pass
 (``PassKind.PROMPT``, :class:`~verispec.models.llama.PassKind`): float32 GEMMs over the
 widened blocks and one fused attention call. Shorter ones run the tree kernels: widening a
 matrix costs about as much as a few rows of its product, and their rows stay equal to
-one-token decoding's."""
+one-token decoding's. On the AVX-512 EPYC the tree kernels were the faster for chunks of
+33-63 tokens at one and two threads (up to about 80 tokens at one thread and 128 at two),
+so the threshold is 64 (it was 32)."""
 _SLOT_ALIGN = VALUE_BLOCK  # attended slots are padded to whole value blocks (see _feed_once)
 
 
