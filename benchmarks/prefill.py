@@ -10,6 +10,13 @@ does first), and transformers' ``generate(max_new_tokens=1)`` on the same float3
 (greedy, SDPA attention). Both read the same model; the first token is compared. The
 median of ``--repeats`` runs each, interleaved, the order alternating (ours first, then
 theirs first). Prints a Markdown table with the CPU's flags.
+
+``--paths`` compares the runtime's two prefill paths instead, to place
+:data:`~verispec.models.runtime.PROMPT_PASS_TOKENS` on a CPU: the prompt pass (widened
+GEMMs, fused attention) against the tree kernels, for every length::
+
+    taskset -c 1 .venv/bin/python benchmarks/prefill.py --threads 1 --paths \
+        --lengths 33,48,64,80,96,128
 """
 
 from __future__ import annotations
@@ -45,16 +52,49 @@ def first_token_transformers(hf: Any, ids: torch.Tensor) -> tuple[int, float]:
     return int(out[0, -1]), time.perf_counter() - start
 
 
+def prefill_paths(model: Any, lengths: list[int], repeats: int) -> None:
+    """Seconds of ``prefill`` plus the root's pass, with every chunk on the prompt pass and
+    with every chunk on the tree kernels (interleaved, medians), and the first tokens."""
+    from verispec.models import runtime
+
+    print("\n| prompt tokens | prompt pass ms | tree kernels ms | tree / prompt | same token |")
+    print("|---|---|---|---|---|")
+    kept = runtime.PROMPT_PASS_TOKENS
+    try:
+        for length in lengths:
+            ids = torch.randint(
+                100, 40_000, (length,), generator=torch.Generator().manual_seed(length)
+            )
+            runs: dict[int, list[tuple[int, float]]] = {1: [], 10**9: []}
+            for repeat in range(repeats):
+                for threshold in (1, 10**9) if repeat % 2 == 0 else (10**9, 1):
+                    runtime.PROMPT_PASS_TOKENS = threshold
+                    runs[threshold].append(first_token_ours(model, ids))
+            a = statistics.median(s for _, s in runs[1])
+            b = statistics.median(s for _, s in runs[10**9])
+            same = {t for t, _ in runs[1]} == {t for t, _ in runs[10**9]}
+            row = f"| {length} | {1e3 * a:.1f} | {1e3 * b:.1f} | {b / a:.2f} |"
+            print(f"{row} {'yes' if same else 'no'} |", flush=True)
+    finally:
+        runtime.PROMPT_PASS_TOKENS = kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="1024,4096,8192")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--paths", action="store_true", help="the prompt pass against the tree kernels"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, _ = load_default_model(max_length=8192 + 64)
     hf = model.hf_model
     print(f"flags: {' '.join(cpu_features())}; {args.threads} thread(s); runtime: {model.runtime}")
+    if args.paths:
+        prefill_paths(model, [int(n) for n in args.lengths.split(",")], args.repeats)
+        return
     print("\n| prompt tokens | verispec s | tok/s | transformers s | tok/s | ratio | same token |")
     print("|---|---|---|---|---|---|---|")
     for length in (int(n) for n in args.lengths.split(",")):
