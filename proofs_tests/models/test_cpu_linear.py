@@ -29,7 +29,7 @@ from verispec.models.cpu_linear import (
     recover_blocks,
 )
 from verispec.models.llama import AttentionKernel, PassInputs
-from verispec.models.runtime import PROMPT_PASS_TOKENS
+from verispec.models.runtime import PROMPT_PASS_TOKENS, prompt_pass_tokens
 
 available, why = kernel_status()
 needs_kernel = pytest.mark.skipif(not available, reason=f"block kernel unavailable: {why}")
@@ -219,11 +219,18 @@ def test_block_tree_rows_across_a_value_block(prompt: list[int], tree: DraftTree
 )
 def test_block_tree_rows_after_a_prompt_pass(prompt: list[int], tree: DraftTree) -> None:
     """After a prompt long enough for the prompt pass (GEMMs and fused attention, whose rows
-    are not row-invariant), each tree row is still bit for bit the row greedy decoding
-    computes from the same prefill, with every layer in one C call."""
-    model = blocks_model()
-    model.prefill(torch.tensor(prompt))
-    assert torch.equal(model.forward_tree(tree), decoded_tree_reference(model, prompt, tree))
+    are not row-invariant; one thread, where its threshold is ``PROMPT_PASS_TOKENS``), each
+    tree row is still bit for bit the row greedy decoding computes from the same prefill,
+    with every layer in one C call."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = blocks_model()
+        model.prefill(torch.tensor(prompt))
+        reference = decoded_tree_reference(model, prompt, tree)
+        assert torch.equal(model.forward_tree(tree), reference)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @needs_kernel
@@ -269,6 +276,45 @@ def test_the_prompt_pass_equals_the_tree_kernels_prefill_to_rounding(
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_prompt_pass_threshold_follows_the_thread_count(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """A prompt of ``PROMPT_PASS_TOKENS + 1`` tokens (its last is the root, fed by the first
+    step) runs the prompt pass (its fused attention called) at one thread and the tree
+    kernels at two, where the threshold is twice as long (``prompt_pass_tokens``); one of
+    ``2 PROMPT_PASS_TOKENS + 1`` tokens runs the prompt pass at both."""
+    import verispec.models.llama as llama
+
+    assert prompt_pass_tokens(1) == PROMPT_PASS_TOKENS
+    assert prompt_pass_tokens(2) == prompt_pass_tokens(8) == 2 * PROMPT_PASS_TOKENS
+    calls = {"attention": 0}
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["attention"] += 1
+        return attend_prompt(*args, **kwargs)
+
+    attend_prompt = llama.attend_prompt
+    monkeypatch.setattr(llama, "attend_prompt", counted)
+    kept = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for length, prompt_pass in [
+            (PROMPT_PASS_TOKENS + 1, threads == 1),
+            (2 * PROMPT_PASS_TOKENS + 1, True),
+        ]:
+            calls["attention"] = 0
+            model = blocks_model(512)
+            model.prefill(
+                torch.randint(0, V, (length,), generator=torch.Generator().manual_seed(1))
+            )
+            assert (calls["attention"] > 0) == prompt_pass, (length, threads)
+    finally:
+        torch.set_num_threads(kept)
+
+
+@needs_kernel
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("length", [PROMPT_PASS_TOKENS + 1, 300])
 def test_a_prefill_skips_the_last_layers_rows_and_caches_the_same_bits(
     monkeypatch: pytest.MonkeyPatch, length: int

@@ -78,20 +78,30 @@ from verispec.models.invariance import (
 from verispec.models.llama import AttentionKernel, KVCache, PassKind, Transformer, from_hf
 from verispec.models.onednn import PackedLinear, can_prepack, prepack_linears
 
-__all__ = ["PROMPT_PASS_TOKENS", "WEIGHTS", "FastModel", "auto_dtype"]
+__all__ = ["PROMPT_PASS_TOKENS", "WEIGHTS", "FastModel", "auto_dtype", "prompt_pass_tokens"]
 
 _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
 # Prompt tokens per prefill pass: bounds the activations (8,192 rows of the gate/up
 # product are 100 MB); the fused attention needs no score matrix.
 _PREFILL_CHUNK = 8192
 PROMPT_PASS_TOKENS = 64
-"""A prefill chunk of at least this many tokens runs as a prompt pass
+"""At one thread, a prefill chunk of at least this many tokens runs as a prompt pass
 (``PassKind.PROMPT``, :class:`~verispec.models.llama.PassKind`): float32 GEMMs over the
 widened blocks and one fused attention call. Shorter ones run the tree kernels: widening a
 matrix costs about as much as a few rows of its product, and their rows stay equal to
-one-token decoding's. On the AVX-512 EPYC the tree kernels were the faster for chunks of
-33-63 tokens at one and two threads (up to about 80 tokens at one thread and 128 at two),
-so the threshold is 64 (it was 32)."""
+one-token decoding's. With more threads the threshold is :func:`prompt_pass_tokens`'s."""
+
+
+def prompt_pass_tokens(threads: int) -> int:
+    """The shortest prefill chunk that runs as a prompt pass on ``threads`` threads:
+    :data:`PROMPT_PASS_TOKENS` at one thread, twice that from two. On the AVX-512 EPYC
+    (``benchmarks/prefill.py --paths``) the two paths crossed near 64 tokens at one thread,
+    while at two the tree kernels stayed ahead up to 128 (80 tokens: 175 against 221 ms;
+    128: 240 against 255): a second thread speeds them up more than the prompt pass on a
+    short prompt. Not measured beyond two threads, nor on the AVX2 CPU."""
+    return PROMPT_PASS_TOKENS if threads <= 1 else 2 * PROMPT_PASS_TOKENS
+
+
 _SLOT_ALIGN = VALUE_BLOCK  # attended slots are padded to whole value blocks (see _feed_once)
 
 
@@ -406,13 +416,14 @@ class FastModel(TreeSequenceModel):
         if queries == 0:  # nothing to feed (extend_from == N)
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
         if local_mask is None:  # causal prefill, in chunks of _PREFILL_CHUNK tokens
+            threshold = prompt_pass_tokens(torch.get_num_threads())
             for first in range(0, queries, _PREFILL_CHUNK):
                 last = min(first + _PREFILL_CHUNK, queries)
                 causal = torch.ones(last - first, last - first, dtype=torch.bool).tril_()
                 rows = keep_rows if last == queries else 0
                 logits = self._feed_once(
                     tokens[first:last], positions[first:last], visible + first, causal, rows,
-                    prompt=last - first >= PROMPT_PASS_TOKENS,
+                    prompt=last - first >= threshold,
                 )  # fmt: skip
             return logits
         return self._feed_once(tokens, positions, visible, local_mask, keep_rows)
