@@ -76,7 +76,7 @@ class Check:
         self.sizes = list(range(5)) if self.dry else list(range(129))
         self.real_model = not self.dry and all(importlib.util.find_spec(m) for m in OPTIONAL[:2])
         self.methods = args.methods or (measure.DRY_METHODS if self.dry else measure.GPU_METHODS)
-        self.sanitizers = [t.strip() for t in args.sanitizers.split(",") if t.strip()]
+        self.sanitizers: list[str] = args.sanitizers  # parsed and checked by main
         self.sanitizer_timeout = args.sanitizer_timeout
 
     def python(self, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess[str]:
@@ -331,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = [t.strip() for t in args.sanitizers.split(",") if t.strip()]
     if not tools or any(t not in SANITIZERS for t in tools):
         parser.error(f"--sanitizers {args.sanitizers!r}: allowed: {', '.join(SANITIZERS)}")
+    args.sanitizers = tools
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the kernels stage
     import torch

@@ -333,15 +333,11 @@ def _keep_latency_table(check: Any, model: Any, name: str) -> str | None:
     rule's T(n), cached by :func:`~verispec.drafters.budget.latency_for`) into OUTDIR as
     ``latency_<dtype>.json``, so that how they sized their trees can be read after the
     machine is gone; ``None`` if none was measured."""
-    import hashlib
     import shutil
 
-    from verispec.core.paths import cache_dir
-    from verispec.drafters.budget import device_key
+    from verispec.drafters.budget import latency_path
 
-    table = cache_dir("latency") / (
-        hashlib.sha1(device_key(model).encode()).hexdigest()[:16] + ".json"
-    )
+    table = latency_path(model)
     if not table.is_file():
         return None
     shutil.copyfile(table, check.out / f"latency_{name}.json")

@@ -49,6 +49,7 @@ __all__ = [
     "choose_budget",
     "device_key",
     "latency_for",
+    "latency_path",
     "measure_latency",
 ]
 
@@ -365,6 +366,13 @@ def device_key(model: Any) -> str:
     )
 
 
+def latency_path(model: LanguageModel, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where :func:`latency_for` keeps ``model``'s table: named after :func:`device_key`,
+    under ``cache_dir``, else ``$VERISPEC_CACHE/latency`` or ``~/.cache/verispec/latency``."""
+    folder = Path(cache_dir) if cache_dir is not None else paths.cache_dir("latency")
+    return folder / (hashlib.sha1(device_key(model).encode()).hexdigest()[:16] + ".json")
+
+
 def latency_for(
     model: LanguageModel,
     *,
@@ -383,8 +391,7 @@ def latency_for(
     """
     key = device_key(model)
     sizes = [s for s in sizes if s + 2 <= model.max_length] or [0]  # trees that fit
-    folder = Path(cache_dir) if cache_dir is not None else paths.cache_dir("latency")
-    path = folder / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+    path = latency_path(model, cache_dir)
     fitting = {c for c in contexts if c + max(sizes, default=0) < model.max_length}
     if not remeasure and path.is_file():
         try:
