@@ -3,7 +3,9 @@ and a tiny end-to-end benchmark on the smoke model (random Llama) written as JSO
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,13 @@ from verispec.bench.methods import METHODS
 from verispec.bench.prompts import Question, shipped_questions
 from verispec.bench.records import write_json
 from verispec.bench.report import summarise, to_json
-from verispec.bench.runner import BenchConfig, TurnResult, build_runners, run_bench
+from verispec.bench.runner import (
+    BenchConfig,
+    TurnResult,
+    build_runners,
+    method_orders,
+    run_bench,
+)
 from verispec.core.types import GenerationParams
 from verispec.errors import ConfigError
 from verispec.specs import parse_methods
@@ -102,10 +110,11 @@ def test_carry_corpus_remembers_each_measured_answer_after_it(
             assert measured[i + 1] == ("remember", label, 3)
 
 
-def test_methods_are_interleaved_question_by_question_in_rotating_order(
+def test_methods_are_interleaved_question_by_question_in_balanced_orders(
     smoke_context: Any,
 ) -> None:
-    """All methods finish a question before the next starts; the first method rotates."""
+    """All methods finish a question before the next starts, each question in the next of
+    method_orders' orders."""
     _, run = _spy_bench(smoke_context, warmup=0)
     order = [(r.question_id, r.method, r.turn) for r in run.records]
     assert order == [
@@ -113,6 +122,30 @@ def test_methods_are_interleaved_question_by_question_in_rotating_order(
         (1, "tr:template=8", 0), (1, "tr:template=8", 1),
         (2, "hf", 0), (2, "tr:template=8", 0), (2, "ar", 0),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("count", range(1, 10))
+def test_method_orders_balance_positions_and_predecessors(count: int) -> None:
+    """Over one cycle of method_orders every method takes every position equally often and
+    follows every other method equally often (once for an even count, twice for an odd
+    one), and the first order is the listed one."""
+    orders = method_orders(count)
+    cycle = count if count % 2 == 0 else 2 * count
+    assert len(orders) == (cycle if count > 1 else 1)
+    assert orders[0] == list(range(count))
+    assert all(sorted(order) == list(range(count)) for order in orders)
+    for position in range(count):
+        seen = Counter(order[position] for order in orders)
+        assert set(seen.values()) == {len(orders) // count}
+    follows = Counter((a, b) for order in orders for a, b in itertools.pairwise(order))
+    if count > 1:
+        assert len(follows) == count * (count - 1)
+        assert set(follows.values()) == {1 if count % 2 == 0 else 2}
+
+
+def test_method_orders_refuse_no_method() -> None:
+    with pytest.raises(ConfigError, match="`count` must be at least 1; got 0"):
+        method_orders(0)
 
 
 def test_second_turn_sees_the_first_answer(smoke_context: Any) -> None:

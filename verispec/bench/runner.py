@@ -2,11 +2,12 @@
 "How it measures" and "The llama.cpp peers").
 
 :func:`run_bench` has every method answer a whole conversation before the next question,
-the first method rotating; each first answers ``warmup`` prompts outside the set, then
-forgets what it learnt, so the measured run starts cold. With ``repeats`` above one the
-whole loop runs that many times, every method reset before each pass, and each answer keeps
-its fastest pass (:func:`fastest_passes`; every pass is recorded). ``carry_corpus`` adds every
-measured answer to its method's corpus (cross-request). A resumed run keeps the answers an
+in orders balanced for what one method leaves to the next (:func:`method_orders`); each
+first answers ``warmup`` prompts outside the set, then forgets what it learnt, so the
+measured run starts cold. With ``repeats`` above one the whole loop runs that many times,
+every method reset before each pass, and each answer keeps its fastest pass
+(:func:`fastest_passes`; every pass is recorded). ``carry_corpus`` adds every measured
+answer to its method's corpus (cross-request). A resumed run keeps the answers an
 interrupted one ``finished`` (:mod:`verispec.bench.records`); a method that learns across
 prompts answers them again, unrecorded, to reach the state an uninterrupted run would have.
 
@@ -43,7 +44,8 @@ from verispec.verifiers import default_verifier, recursive_verifier
 __all__ = [
     "BenchConfig", "BenchContext", "BenchRun", "EngineRunner", "HFRunner", "LlamaCppRunner",
     "MethodRunner", "RecordKey", "TurnRecord", "TurnResult", "WARMUP_PROMPT", "build_runners",
-    "check_available", "llama_cpp_available", "make_context", "measure_call", "run_bench",
+    "check_available", "llama_cpp_available", "make_context", "measure_call", "method_orders",
+    "run_bench",
 ]  # fmt: skip
 
 WARMUP_PROMPT = "Count from one to ten in words, then name three colours of the rainbow."
@@ -676,6 +678,37 @@ def build_runners(context: BenchContext, specs: Sequence[MethodSpec]) -> dict[st
     return {spec.label: METHODS[spec.name].build(context, spec.params) for spec in specs}
 
 
+def method_orders(count: int) -> list[list[int]]:
+    """The orders in which ``count`` methods answer successive questions: a Williams design
+    (Williams 1949, "Experimental designs balanced for the estimation of residual effects
+    of treatments"), cycled. Over a full cycle every method answers first, second... equally
+    often, and is preceded by every other method equally often: once for an even ``count``
+    (``count`` orders), twice for an odd one (the ``count`` orders and their reverses). A
+    rotation alone keeps each method's predecessor fixed, so whatever one method leaves
+    behind (a peer's threads, its caches) would always fall on the same other method.
+
+    Args:
+        count: methods, at least 1.
+
+    Returns:
+        ``count`` or ``2 count`` permutations of ``range(count)``; the first is the
+        identity, the second (for ``count`` > 1) starts with method 1.
+
+    Raises:
+        ConfigError: ``count`` below 1.
+    """
+    if count < 1:
+        raise ConfigError(f"`count` must be at least 1; got {count}.")
+    if count == 1:
+        return [[0]]
+    first = [0] + [(j + 1) // 2 if j % 2 else count - j // 2 for j in range(1, count)]
+    label = {method: j for j, method in enumerate(first)}  # so that the first order is 0, 1...
+    orders = [[label[(method + shift) % count] for method in first] for shift in range(count)]
+    if count % 2:
+        orders += [order[::-1] for order in orders]
+    return orders
+
+
 def run_bench(
     context: BenchContext,
     specs: Sequence[MethodSpec],
@@ -724,14 +757,15 @@ def run_bench(
             runners[label].reset()
     total = config.repeats * len(labels) * sum(len(q.turns) for q in questions)
     records: list[TurnRecord] = []
+    orders = method_orders(len(labels))
     with tqdm(total=total, desc="verispec bench", unit="answer", disable=not progress) as bar:
         for repeat in range(config.repeats):
             if repeat:  # every pass starts as the first did: nothing learnt
                 for label in labels:
                     runners[label].reset()
             for index, question in enumerate(questions):
-                shift = index % len(labels)  # the first method rotates
-                for label in labels[shift:] + labels[:shift]:
+                order = orders[index % len(orders)]
+                for label in (labels[i] for i in order):
                     bar.set_postfix_str(f"{question.category} #{question.question_id} {label}")
                     records += _conversation(
                         runners[label], label, question, repeat, context, config, generation,
