@@ -54,7 +54,9 @@ for name in t2 t1; do
 done
 if [ "${EXTRAS:-0}" = 1 ]; then
   echo "T(n) and the prompt pass ..." >&2
-  taskset -c 1 "$PY" benchmarks/tn_table.py --threads 1,2 --sizes 1,2,3,4,6,8,12,16 > "$OUT/tn.txt" 2>&1
+  sizes=1,2,3,4,6,8,12,16  # one thread pinned; two threads need both cores
+  taskset -c 1 "$PY" benchmarks/tn_table.py --threads 1 --sizes $sizes > "$OUT/tn_1t.txt" 2>&1
+  "$PY" benchmarks/tn_table.py --threads 2 --sizes $sizes > "$OUT/tn_2t.txt" 2>&1
   taskset -c 1 "$PY" benchmarks/prefill.py --threads 1 --paths --lengths 33,48,63,64,80,96,128 \
     > "$OUT/prefill_1t.txt" 2>&1
   "$PY" benchmarks/prefill.py --threads 2 --paths --lengths 33,48,63,64,80,96,128 \
