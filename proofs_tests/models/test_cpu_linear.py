@@ -222,15 +222,9 @@ def test_block_tree_rows_after_a_prompt_pass(prompt: list[int], tree: DraftTree)
     are not row-invariant; one thread, where its threshold is ``PROMPT_PASS_TOKENS``), each
     tree row is still bit for bit the row greedy decoding computes from the same prefill,
     with every layer in one C call."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model = blocks_model()
-        model.prefill(torch.tensor(prompt))
-        reference = decoded_tree_reference(model, prompt, tree)
-        assert torch.equal(model.forward_tree(tree), reference)
-    finally:
-        torch.set_num_threads(threads)
+    model = blocks_model()  # one thread: the autouse fixture of these tests
+    model.prefill(torch.tensor(prompt))
+    assert torch.equal(model.forward_tree(tree), decoded_tree_reference(model, prompt, tree))
 
 
 @needs_kernel
@@ -314,7 +308,6 @@ def test_the_prompt_pass_threshold_follows_the_thread_count(
 
 
 @needs_kernel
-@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("length", [PROMPT_PASS_TOKENS + 1, 300])
 def test_a_prefill_skips_the_last_layers_rows_and_caches_the_same_bits(
     monkeypatch: pytest.MonkeyPatch, length: int

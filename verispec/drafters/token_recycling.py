@@ -58,9 +58,7 @@ logits are on CUDA) ``M`` lives on the logits' device
 and the expanded tokens come to the host once per step to build the tree; otherwise
 ``M`` lives on the CPU and the kernels' PyTorch twins run
 (:func:`verispec.kernels.reference.expand_template`,
-:func:`~verispec.kernels.reference.update_adjacency`, whose host form
-:func:`~verispec.kernels.reference.update_adjacency_rows` the drafter calls directly on the
-CPU, with no tensor operator): each rule is written once.
+:func:`~verispec.kernels.reference.update_adjacency`): each rule is written once.
 
 Shape glossary: N tree nodes, V vocabulary, K candidates per token.
 """
@@ -80,7 +78,7 @@ from verispec.drafters.candidates import tried_and_hit_lists
 from verispec.drafters.gate import DeviceSized
 from verispec.drafters.templates import TEMPLATES, TemplateSpec, resolve_template
 from verispec.errors import ConfigError, IncompatibleModelsError
-from verispec.kernels import cpu_topk, ops, reference
+from verispec.kernels import cpu_topk, ops
 from verispec.kernels.backend import Kernels, require_triton
 
 __all__ = [
@@ -463,20 +461,13 @@ class TokenRecycling(DeviceSized):
             )
         k = min(self.k, vocab)
         root = outcome.state.tokens[-outcome.verdict.num_committed - 1]
-        top = row_topk(logits, k)[1]  # (N + 1, K) on the logits' device, no sync
-        if logits.device.type == "cpu" and adj.device.type == "cpu" and self.kernels != "triton":
-            # on the host, the few rows through NumPy views and no tensor operator: after a
-            # forward has streamed the weights through the caches, each operator costs tens
-            # of microseconds (this update took 0.26 ms through them, 0.15 ms so)
-            scored = [root, *outcome.tree.tokens.tolist()]
-            reference.update_adjacency_rows(adj.numpy()[:, :k], scored, top.numpy())
-            return
-        scored_t = torch.cat([torch.tensor([root]), outcome.tree.tokens])  # (N + 1,)
+        scored = torch.cat([torch.tensor([root]), outcome.tree.tokens])  # (N + 1,)
         # the matrix lives where the update runs: the logits' GPU with the kernels, else the CPU
         device = ops.state_device("Token Recycling update", logits.device, self.kernels)
         if adj.device != device:
             adj = self._adjacency = adj.to(device)
-        ops.update_adjacency(adj[:, :k], scored_t, top, kernels=self.kernels)
+        top = row_topk(logits, k)[1]  # (N + 1, K) on the logits' device, no sync
+        ops.update_adjacency(adj[:, :k], scored, top, kernels=self.kernels)
 
     def reset_vocabulary(self, vocab_size: int) -> None:
         """Reallocate the matrix for a target with another vocabulary (forgets everything)."""

@@ -12,8 +12,7 @@ reference agree draw for draw, not merely up to rounding.
   Deterministic, IID and WithoutReplacement laws (docs/exactness.rst).
 * :func:`expand_template`, :func:`update_adjacency` — Token Recycling's
   breadth-first template expansion and top-k row update (Luo et al., ACL 2025): the
-  one implementation of these rules, which the drafter calls on the PyTorch path (the
-  update on the host through :func:`update_adjacency_rows`, which the tensor form calls too).
+  one implementation of these rules, which the drafter calls on the PyTorch path.
 * :func:`compact_kv` — gather accepted KV positions into place, every layer.
 
 Tree structure is passed in CSR form by row (row 0 the root, row i + 1 node i):
@@ -30,7 +29,6 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 
 from verispec.core.sampling import argmax_one
@@ -57,7 +55,6 @@ __all__ = [
     "tree_greedy_walk",
     "tree_rejection_walk",
     "update_adjacency",
-    "update_adjacency_rows",
 ]
 
 # -- tree attention ---------------------------------------------------------------------
@@ -688,25 +685,12 @@ def update_adjacency(
     """
     if adjacency.device.type == "cpu" and row_tokens.device.type == "cpu":
         # a drafter's few rows on the host: NumPy views, no tensor operator
-        update_adjacency_rows(adjacency.numpy(), row_tokens.tolist(), topk_ids.cpu().numpy())
+        tokens = row_tokens.tolist()
+        keep = last_rows(tokens)
+        adjacency.numpy()[[tokens[i] for i in keep]] = topk_ids.cpu().numpy()[keep]
         return
     last = last_occurrence_mask(row_tokens)  # (M,)
     adjacency[row_tokens[last]] = topk_ids[last].to(adjacency.dtype)
-
-
-def update_adjacency_rows(
-    adjacency: np.ndarray, row_tokens: Sequence[int], topk_ids: np.ndarray
-) -> None:
-    """:func:`update_adjacency` on the host: NumPy arrays and the tokens as a list (a
-    drafter's few rows, where a tensor operator costs more than the work).
-
-    Args:
-        adjacency: integer, Shape: (V, K), written in place (a view of the matrix).
-        row_tokens: the token scored at each row, Shape: (M,).
-        topk_ids: integer, Shape: (M, K).
-    """
-    keep = last_rows(row_tokens)
-    adjacency[[row_tokens[i] for i in keep]] = topk_ids[keep]
 
 
 def last_rows(tokens: Sequence[int]) -> list[int]:
