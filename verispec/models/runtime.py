@@ -98,7 +98,9 @@ def prompt_pass_tokens(threads: int) -> int:
     (``benchmarks/prefill.py --paths``) the two paths crossed near 64 tokens at one thread,
     while at two the tree kernels stayed ahead up to 128 (80 tokens: 175 against 221 ms;
     128: 240 against 255): a second thread speeds them up more than the prompt pass on a
-    short prompt. Not measured beyond two threads, nor on the AVX2 CPU."""
+    short prompt. On the AVX2-only EPYC (session 21, median of 7) they crossed at 64-72 tokens
+    at one thread and between 112 and 128 at two: the same thresholds fit. Not measured
+    beyond two threads."""
     return PROMPT_PASS_TOKENS if threads <= 1 else 2 * PROMPT_PASS_TOKENS
 
 
