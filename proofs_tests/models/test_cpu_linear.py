@@ -125,7 +125,7 @@ def test_avx512_products_equal_the_avx2_products_bit_for_bit(fmt: str) -> None:
     """On an AVX-512 CPU the native build (16-lane registers, up to 12 rows widened in
     registers) gives every bit the eight-lane AVX2 build gives, for 1 to 20 rows (the
     register paths and the buffer), with a bias, on one or two threads: the model's numbers
-    do not depend on which of the two CPUs runs it."""
+    do not depend on which of the CPU kinds runs it."""
     narrow = cpu_linear._build(("-mno-avx512f",))
     native = cpu_linear.library()
     assert native is not None

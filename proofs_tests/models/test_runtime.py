@@ -9,6 +9,9 @@ prepacking, bfloat16, self-drafts, long prompts, choices and errors, and SmolLM2
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -163,11 +166,59 @@ def test_probe_detects_row_dependent_kernels(monkeypatch: pytest.MonkeyPatch) ->
     assert row_invariant_kernels(torch.float32) is False
 
 
-def test_probe_detects_row_dependent_attention() -> None:
-    """At head dim 8 MKL's batched products give a row different bits for some row counts; the
-    probe says so for those shapes (and the tiny head-dim-8 models are not claimed invariant)."""
-    assert row_invariant_kernels(torch.float32, head_dim=8, widths=(32,), groups=2) is False
-    assert fast(dtype=torch.float32).row_invariant is False
+def _row_count_bmm(real: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``torch.bmm`` made row-dependent on purpose: from 8 rows on, every result moves to the
+    next float up (what a kernel that switches its tiling at some row count does)."""
+
+    def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = real(a, b)
+        return out.nextafter(torch.full_like(out, math.inf)) if a.shape[-2] >= 8 else out
+
+    return bmm
+
+
+def _ordered_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A batched product row-invariant by construction: element-wise products added over the
+    inner dimension in order, each output computed alone whatever the row count."""
+    out = a[..., :, :1] * b[..., :1, :]
+    for k in range(1, a.shape[-1]):
+        out = out + a[..., :, k : k + 1] * b[..., k : k + 1, :]
+    return out
+
+
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_probe_detects_row_dependent_attention(
+    monkeypatch: pytest.MonkeyPatch, head_dim: int
+) -> None:
+    """row_invariant_kernels reports False when the attention's batched products give a row
+    other bits for some row counts (``torch.bmm`` made so on purpose), and True when they are
+    row-invariant by construction (the projections' check left out): its verdict follows the
+    products, not the CPU it runs on."""
+    import verispec.models.invariance as invariance
+
+    monkeypatch.setattr(invariance, "can_prepack", lambda device, dtype: False)
+    monkeypatch.setattr(invariance, "_INVARIANT", {})
+    monkeypatch.setattr(torch, "bmm", _row_count_bmm(torch.bmm))
+    assert row_invariant_kernels(head_dim=head_dim, widths=(32,), groups=2) is False
+    monkeypatch.setattr(invariance, "_INVARIANT", {})
+    monkeypatch.setattr(torch, "bmm", _ordered_bmm)
+    assert row_invariant_kernels(head_dim=head_dim, widths=(32,), groups=2) is True
+
+
+def test_probe_agrees_with_the_model_it_describes() -> None:
+    """Where the probe calls the tiny head-dim-8 model's kernels row-invariant, its tree rows
+    equal decoding each path one token at a time bit for bit; where it does not (MKL's batched
+    products at 8 columns on some CPUs), the rows still agree to rounding."""
+    model = fast(dtype=torch.float32)
+    prompt = [3, 9, 27, 17, 5]
+    tree = DraftTree.from_parents([5, 6, 7, 8, 9, 10], [-1, 0, 0, 2, -1, 4])
+    model.prefill(torch.tensor(prompt))
+    logits = model.forward_tree(tree)
+    reference = tree_reference(model, prompt, tree)
+    if model.row_invariant:
+        assert torch.equal(logits, reference)
+    else:
+        assert (logits - reference).abs().max().item() < 1e-5
 
 
 def test_close_to_transformers_float32() -> None:
@@ -195,7 +246,7 @@ def test_prepacking_changes_kernels_not_results() -> None:
     assert (rows[0] - rows[1]).abs().max().item() < 1e-5
 
 
-@pytest.mark.skipif(not bf16_supported(), reason="this CPU has no native bfloat16 products")
+@pytest.mark.skipif(not bf16_supported(), reason="oneDNN multiplies no bfloat16 here (no AVX-512)")
 def test_bfloat16_weights_float32_activations() -> None:
     """bfloat16 weights keep activations and the cache in float32, return float32 logits,
     and stay within bfloat16 rounding of the float32 model."""
@@ -306,6 +357,31 @@ def test_dtype_and_runtime_choices() -> None:
     assert isinstance(make_target(hf, runtime="hf"), HFModel)
     chosen = make_target(hf)
     assert isinstance(chosen, FastModel) and "fast runtime" in chosen.runtime_note
+
+
+@pytest.mark.parametrize(
+    ("onednn_bf16", "flags", "expected"),
+    [
+        (True, {"avx2", "fma", "avx512f", "avx512_bf16"}, torch.bfloat16),  # Zen 5 EPYC
+        (True, {"avx2", "fma", "avx512f", "amx_bf16"}, torch.bfloat16),  # AMX Xeon
+        (True, {"avx2", "fma", "avx512f", "avx512_vnni"}, torch.float32),  # VNNI Xeon: emulated
+        (False, {"avx2", "fma"}, torch.float32),  # AVX2-only EPYC
+        (False, {"avx512_bf16"}, torch.float32),  # flag seen, but oneDNN does not use it
+    ],
+)
+def test_default_dtype_is_bfloat16_only_where_the_cpu_multiplies_it(
+    monkeypatch: pytest.MonkeyPatch, onednn_bf16: bool, flags: set[str], expected: torch.dtype
+) -> None:
+    """default_dtype (what dtype='auto' takes for dense weights) is bfloat16 only where the CPU
+    has bfloat16 instructions and oneDNN uses them: oneDNN also reports bfloat16 on AVX-512
+    CPUs that only emulate it, where float32 stays the choice. A GPU takes bfloat16."""
+    import verispec.kernels.cpu_features as features
+
+    monkeypatch.setattr(features, "bf16_supported", lambda: onednn_bf16)
+    monkeypatch.setattr(features, "cpu_flags", lambda: flags)
+    assert features.bf16_native() is (expected == torch.bfloat16)
+    assert features.default_dtype("cpu") == expected
+    assert features.default_dtype("cuda") == torch.bfloat16
 
 
 def test_auto_dtype_reads_gguf_blocks_in_float32() -> None:

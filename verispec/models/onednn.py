@@ -7,8 +7,8 @@ multiplied by ``_linear_pointwise``. On the CPUs measured, oneDNN's product is 1
 faster than the default MKL one for 2 or more rows, and its result for a row does not
 depend on how many rows are computed with it from two rows up (checked by
 :func:`~verispec.models.invariance.row_invariant_kernels`; a single row is padded to two,
-:func:`~verispec.models.invariance.min_product_rows`). Float32, or bfloat16 where the CPU
-multiplies it natively (:func:`~verispec.kernels.cpu_features.bf16_supported`).
+:func:`~verispec.models.invariance.min_product_rows`). Float32, or bfloat16 where oneDNN
+multiplies it, natively or emulated (:func:`~verispec.kernels.cpu_features.bf16_supported`).
 """
 
 from __future__ import annotations
