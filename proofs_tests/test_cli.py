@@ -208,6 +208,102 @@ def test_generate_follows_a_regex_and_writes_its_figures(
     assert all(a >= b for a, b in itertools.pairwise(per_pos))
 
 
+# (flag, the file's bytes or the regex, what the one error line says after the value); each
+# was refused only once the model had loaded (a file not UTF-8: with a traceback)
+BAD_STRUCTURE = [
+    pytest.param("--json-schema", b"\xff\xfe{}", "cannot be read: not UTF-8 text (byte 0)",
+                 id="schema-not-utf8"),
+    pytest.param("--json-schema", b"", "is empty", id="schema-empty"),
+    pytest.param("--json-schema", b"{'type': 'object'}", "is not JSON (Expecting property name",
+                 id="schema-not-json"),
+    pytest.param("--json-schema", b"[1, 2]", "holds an array", id="schema-array"),
+    pytest.param("--json-schema", b'{"type": "foo"}', "does not compile: Invalid type: foo",
+                 id="schema-unknown-type"),
+    pytest.param("--json-schema", b'{"type": "string", "format": "weird"}',
+                 "Unknown format: weird", id="schema-unknown-format"),
+    pytest.param("--json-schema", b'{"type": "integer", "minimum": 5, "maximum": 1}',
+                 "Unsatisfiable", id="schema-unsatisfiable"),
+    pytest.param("--json-schema", b'{"type": "string", "pattern": "(?=a)b"}', "look-around",
+                 id="schema-unsupported-pattern"),
+    pytest.param("--regex", "a(", "does not compile: unclosed group; it must be a regex",
+                 id="regex-unclosed"),
+    pytest.param("--regex", "(a)\\1", "does not compile: backreferences are not supported",
+                 id="regex-backreference"),
+    pytest.param("--regex", "", "is empty", id="regex-empty"),
+    pytest.param("--grammar", b"this is not a grammar",
+                 "does not compile: line 1, column 6: Expected", id="grammar-not-lark"),
+    pytest.param("--grammar", b'greeting: "hi"', "does not compile: no start rule found",
+                 id="grammar-no-start"),
+    pytest.param("--grammar", b'start: "a"\nstart: "b"', "line 2, column 8: duplicate rule",
+                 id="grammar-duplicate-rule"),
+    pytest.param("--grammar", b"\n", "is empty", id="grammar-empty"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), BAD_STRUCTURE)
+def test_structured_output_that_cannot_compile_is_refused_before_the_model_loads(
+    flag: str,
+    value: bytes | str,
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A `--json-schema` file that cannot be read, is not JSON or not a schema llguidance
+    can follow, a `--regex` that does not compile and a `--grammar` that is not a grammar
+    exit with status 2 before the model loads, on one line naming the flag, the value,
+    what is wrong and what is allowed."""
+
+    def no_model(*args: object) -> None:
+        raise AssertionError("the model was loaded before the bad input was reported")
+
+    monkeypatch.setattr(target, "load", no_model)
+    if isinstance(value, bytes):
+        path = tmp_path / ("schema.json" if flag == "--json-schema" else "grammar.lark")
+        path.write_bytes(value)
+        given = str(path)
+    else:
+        given = value
+    assert cli.main(["generate", "--prompt", "x", "--model", "tiny", flag, given]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"verispec generate: error: `{flag}` {given!r} "), err
+    assert message in err and "; it must be " in err, err
+    assert flag == "--regex" or "it must be a file holding a " in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--json-schema", b'{"type": "object", "properties": {"a": {"type": "integer"}}}'),
+        ("--json-schema", b"true"),
+        ("--regex", "(yes|no) "),
+        ("--regex", " "),
+        ("--grammar", b'start: "a"+ | NUMBER\n%import common.NUMBER\n'),
+    ],
+)
+def test_structured_output_that_compiles_reaches_the_model(
+    flag: str,
+    value: bytes | str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The early checks refuse nothing llguidance compiles: the command reaches the model."""
+    from verispec.errors import ConfigError
+
+    def stop(*args: object) -> None:
+        raise ConfigError("stopped by the test at the model")
+
+    monkeypatch.setattr(target, "load", stop)
+    path = tmp_path / "constraint"
+    if isinstance(value, bytes):
+        path.write_bytes(value)
+    given = str(path) if isinstance(value, bytes) else value
+    assert cli.main(["generate", "--prompt", "x", "--model", "tiny", flag, given]) == 2
+    assert "stopped by the test at the model" in capsys.readouterr().err
+
+
 def _records_with_one_answer(tmp_path: Path) -> Path:
     """A records file holding one answer of an earlier run."""
     path = tmp_path / "old.records.jsonl"

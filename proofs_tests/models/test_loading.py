@@ -150,6 +150,12 @@ def _bad_models(tmp_path: Path) -> dict[str, Path]:
     return bad
 
 
+def _left_in(cache: Path) -> list[str]:
+    """What ``cache`` holds but the CPU kernel (``kernels/``), which the CLI's ``--model tiny``
+    target builds there when no earlier test of the process has built it."""
+    return sorted(p.name for p in cache.iterdir() if p.name != "kernels") if cache.exists() else []
+
+
 def test_unreadable_models_raise_one_named_error_and_leave_no_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -166,7 +172,7 @@ def test_unreadable_models_raise_one_named_error_and_leave_no_cache(
     for what, path in _bad_models(tmp_path / "models").items():
         with pytest.raises(ModelFileError, match=str(path.name)):
             load_model(path)
-        assert not cache.exists() or not any(cache.iterdir()), what
+        assert _left_in(cache) == [], what
         for flag in ("--model", "--draft-model"):
             args = ["generate", "--prompt", "hi", "--max-new-tokens", "1", flag, str(path)]
             if flag == "--draft-model":
@@ -177,8 +183,130 @@ def test_unreadable_models_raise_one_named_error_and_leave_no_cache(
             lines = err.strip().splitlines()
             assert "Traceback" not in err and lines[-1].startswith("verispec generate: error:")
             assert sum("error" in line for line in lines) == 1, (what, flag, lines)
+            assert lines[-1].count("error:") == 1, (what, flag, lines)  # no "error: error:"
             assert path.name in lines[-1], (what, flag, lines)
-        assert not cache.exists() or not any(cache.iterdir()), what
+        assert _left_in(cache) == [], what
+
+
+def _small_gguf(path: Path) -> Path:
+    """A complete GGUF file written here: metadata with a string array, and tensors in
+    float32 and in Q8_0 blocks (whose bytes the check computes from the block size)."""
+    import gguf
+    import numpy as np
+    from gguf.quants import quantize
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_token_list([f"token{i}" for i in range(50)])
+    writer.add_tensor("token_embd.weight", np.ones((8, 32), dtype=np.float32))
+    blocks = quantize(np.ones((4, 64), dtype=np.float32), gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("blk.0.attn_q.weight", blocks, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _cut_points(path: Path) -> dict[str, tuple[int, str]]:
+    """Where to cut the file at ``path`` -> (length kept, what the error must say), the
+    places found by the gguf package's own reader."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    tokens = reader.fields["tokenizer.ggml.tokens"].offset
+    second, last = reader.tensors[1], reader.tensors[-1]
+    size = path.stat().st_size
+    return {
+        "in the magic": (2, "the header (magic, version, tensor and metadata counts) runs past "
+                         "the end of the file, to byte 4;"),
+        "in the header": (10, "the header (magic, version, tensor and metadata counts) runs "
+                          "past the end of the file, to byte 16;"),
+        "in the metadata": (tokens + 200, "metadata entry 3 of 3 (`tokenizer.ggml.tokens`) "
+                            "runs past the end of the file"),
+        "in a tensor's description": (second.field.offset + 30, "the description of tensor "
+                                      "2 of 3 (`blk.0.attn_q.weight`) runs past the end"),
+        "before the tensor data": (reader.data_offset - 2, "the data of tensor "
+                                   "`token_embd.weight` runs past the end of the file, to "
+                                   f"byte {reader.tensors[0].data_offset + 1024} (3 of the 3"),
+        "in Q8_0 blocks": (second.data_offset + 100, "the data of tensor "
+                           "`blk.0.attn_q.weight` runs past the end of the file, to byte "
+                           f"{second.data_offset + second.n_bytes} (2 of the 3"),
+        "one byte short": (size - 1, f"the data of tensor `{last.name}` runs past the end of "
+                           f"the file, to byte {size} (1 of the 3"),
+    }  # fmt: skip
+
+
+_CUTS = ("in the magic", "in the header", "in the metadata", "in a tensor's description",
+         "before the tensor data", "in Q8_0 blocks", "one byte short")  # fmt: skip
+
+
+@pytest.mark.parametrize("where", _CUTS)
+def test_a_gguf_file_cut_short_is_one_line_in_the_files_terms_before_any_work(
+    where: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A GGUF file cut in its header, metadata, a tensor's description or its tensor data
+    is refused before any conversion (transformers' reader is never called) and before the
+    CLI loads a model: ModelFileError naming the file, its size, what is cut and the byte
+    it needs (not Python's ``unpack_from`` text); one CLI line with one "error", status 2;
+    nothing in the cache."""
+    from verispec import cli
+    from verispec.bench.commands import target
+    from verispec.errors import ModelFileError
+    from verispec.models import gguf as gguf_files
+
+    full = _small_gguf(tmp_path / "full.gguf")
+    gguf_files.check_file(full)  # the whole file passes
+    points = _cut_points(full)
+    assert tuple(points) == _CUTS
+    keep, says = points[where]
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(full.read_bytes()[:keep])
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("VERISPEC_CACHE", str(cache))
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the long work started before the file was checked")
+
+    monkeypatch.setattr(gguf_files, "_write_converted", never)
+    monkeypatch.setattr(target, "load", never)
+    expected = f"cannot read the GGUF file `{cut}` ({keep} bytes): the file is cut short: {says}"
+    with pytest.raises(ModelFileError) as info:
+        load_model(cut)
+    assert expected in str(info.value) and "unpack" not in str(info.value)
+    assert str(info.value).endswith("; copy or download the file again.")
+    for argv in (
+        ["generate", "--prompt", "hi", "--model", str(cut)],
+        ["generate", "--prompt", "hi", "--model", "tiny", "--method", "chain",
+         "--draft-model", str(cut)],
+        ["bench", "--model", str(cut)],
+    ):  # fmt: skip
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.count("error") == 1, err
+        assert err.startswith(f"verispec {argv[0]}: error: {expected}"), err
+    assert not cache.exists()
+
+
+def test_a_whole_gguf_file_passes_the_check_in_a_fraction_of_a_second() -> None:
+    """The embedded SmolLM2 file (Q4_1, Q8_0 and float32 tensors, a 49,152-token vocabulary)
+    is found whole, quickly: the check never refuses a good file."""
+    import time
+
+    from verispec.errors import DefaultModelUnavailableError
+    from verispec.models.gguf import check_file
+
+    try:
+        gguf = embedded_gguf()
+    except DefaultModelUnavailableError as exc:
+        pytest.skip(f"the embedded model is not installed: {exc}")
+    start = time.perf_counter()
+    check_file(gguf)
+    assert time.perf_counter() - start < 5.0
 
 
 def test_a_damaged_converted_copy_is_converted_again(

@@ -4,7 +4,9 @@ A GGUF file is dequantized by ``transformers`` (it needs the ``gguf`` package) o
 the float32 weights (safetensors), config and tokenizer are saved under the cache
 directory (:func:`verispec.core.paths.cache_dir`). The copy is written to a temporary
 directory beside its final place and renamed into place, so an interrupted conversion
-never leaves a half-written cache.
+never leaves a half-written cache. Before that, :func:`check_file` reads the file's
+layout in a fraction of a second, so a file cut short is refused in its own terms (what
+runs past the end, to which byte) before any long work.
 
 :func:`~verispec.models.loading.load_model` converts any GGUF file this way, and
 :func:`~verispec.models.default.load_default_model` is ``load_model`` on the file that
@@ -16,8 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
+import mmap
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,7 +32,7 @@ import torch
 from verispec.core.notices import waiting
 from verispec.errors import DefaultModelUnavailableError, ModelFileError
 
-__all__ = ["CACHE_VERSION", "convert", "converted_dir", "embedded_gguf"]
+__all__ = ["CACHE_VERSION", "check_file", "convert", "converted_dir", "embedded_gguf"]
 
 CACHE_VERSION = 1
 """The layout version of the converted copies, part of their names: bump it when it changes."""
@@ -88,8 +93,10 @@ def convert(gguf: Path, target: Path) -> None:
     """Dequantize the GGUF file and save model + tokenizer to ``target`` atomically.
 
     Raises:
-        ModelFileError: ``transformers`` cannot read the file; nothing is left behind.
+        ModelFileError: the file is cut short (:func:`check_file`, before anything is
+            converted) or ``transformers`` cannot read it; nothing is left behind.
     """
+    check_file(gguf)
     with waiting(f"converting {gguf.name} to float32 weights (once; kept in {target})"):
         _write_converted(gguf, target)
 
@@ -108,7 +115,7 @@ def _write_converted(gguf: Path, target: Path) -> None:
         except Exception as exc:  # the gguf reader's ValueError, struct.error, KeyError...
             raise ModelFileError(
                 f"cannot read the GGUF file `{gguf}` ({gguf.stat().st_size} bytes): "
-                f"{type(exc).__name__}: {exc}"
+                f"{exception_text(exc)}"
             ) from exc
         # The weights are dequantized float32 now: drop the GGUF marker so they save plainly.
         model.hf_quantizer = None
@@ -125,3 +132,181 @@ def _write_converted(gguf: Path, target: Path) -> None:
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def exception_text(exc: BaseException) -> str:
+    """``Type: message`` of a library's exception, its type named with its module unless a
+    builtin (``struct.error: ...``, never a bare ``error: ...``)."""
+    kind = type(exc)
+    name = kind.__qualname__
+    if kind.__module__ != "builtins":
+        name = f"{kind.__module__}.{name}"
+    return f"{name}: {exc}" if str(exc) else name
+
+
+# -- the layout of a GGUF file, checked before it is converted ---------------------------
+
+# bytes of each fixed-size metadata value type (gguf's GGUFValueType); 8 is a string, 9 an array
+_VALUE_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY, _UINT32 = 8, 9, 4
+_VERSIONS = (2, 3)  # the versions the gguf package (transformers' reader) reads
+_MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+
+
+class _CutShort(Exception):
+    """A read past the end of the file, to byte ``end`` (at least, unless ``exact``)."""
+
+    def __init__(self, end: int, exact: bool = True) -> None:
+        super().__init__(end)
+        self.end = end
+        self.exact = exact
+
+
+class _Corrupt(Exception):
+    """A value no GGUF file holds (the reason, to follow the name of what holds it)."""
+
+
+class _Cursor:
+    """Reads a GGUF file's header, metadata and tensor descriptions, every read checked
+    against the end of the file."""
+
+    def __init__(self, data: mmap.mmap, order: str) -> None:
+        self.data = data
+        self.order = order  # "<" little-endian, ">" big-endian
+        self.at = 0
+
+    def skip(self, n: int) -> int:
+        """Move past ``n`` bytes; returns where they start."""
+        start = self.at
+        if start + n > len(self.data):
+            raise _CutShort(start + n)
+        self.at = start + n
+        return start
+
+    def uint(self, n: int) -> int:
+        """An unsigned integer of ``n`` (4 or 8) bytes."""
+        start = self.skip(n)
+        value: int = struct.unpack_from(self.order + {4: "I", 8: "Q"}[n], self.data, start)[0]
+        return value
+
+    def string(self) -> str:
+        n = self.uint(8)
+        start = self.skip(n)
+        return self.data[start : start + min(n, 100)].decode("utf-8", "replace")
+
+    def value(self, kind: int) -> None:
+        """Move past one metadata value of type ``kind``."""
+        if kind in _VALUE_BYTES:
+            self.skip(_VALUE_BYTES[kind])
+        elif kind == _STRING:
+            self.skip(self.uint(8))
+        elif kind == _ARRAY:
+            item, count = self.uint(4), self.uint(8)
+            least = _VALUE_BYTES.get(item, 8 if item == _STRING else 12)  # bytes per item
+            if self.at + count * least > len(self.data):  # (no loop over a corrupt count)
+                raise _CutShort(self.at + count * least, exact=False)
+            if item in _VALUE_BYTES:
+                self.skip(count * least)
+            else:
+                for _ in range(count):
+                    self.value(item)
+        else:
+            raise _Corrupt(f"has value type {kind}, which is no GGUF type")
+
+
+def check_file(gguf: Path) -> None:
+    """Check that the GGUF file holds what it declares, in a fraction of a second, before
+    anything is converted: its header, every metadata entry, every tensor's description and
+    every tensor's bytes.
+
+    A file cut short (a download or copy that stopped) is reported in the file's terms,
+    where transformers' reader would fail after seconds of work in Python's words
+    (``unpack_from requires a buffer of at least...``). A version this check does not
+    know, and what it does not look at (the architecture, the tensors' names), are left
+    to that reader.
+
+    Raises:
+        ModelFileError: the file is empty, not GGUF, cut short (what is cut, and the byte
+            it needs) or corrupt; the message names the file.
+    """
+    size = gguf.stat().st_size
+    what = f"cannot read the GGUF file `{gguf}` ({size} bytes)"
+    if size == 0:
+        raise ModelFileError(f"{what}: the file is empty.")
+    with open(gguf, "rb") as handle:
+        head = handle.read(4)
+        if head != b"GGUF"[: len(head)]:
+            raise ModelFileError(
+                f"{what}: not a GGUF file: one starts with the bytes `GGUF`; this one starts "
+                f"with {head!r}."
+            )
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            problem = _layout_problem(_Cursor(data, "<"))
+    if problem is not None:
+        raise ModelFileError(f"{what}: {problem}")
+
+
+def _layout_problem(cursor: _Cursor) -> str | None:
+    """What is wrong with the layout of the file under ``cursor``, or None."""
+    size = len(cursor.data)
+    where = "the header (magic, version, tensor and metadata counts)"
+    try:
+        cursor.skip(4)  # b"GGUF", checked by the caller
+        version = cursor.uint(4)
+        if version & 0xFFFF == 0:  # a big-endian file (the gguf package's own test)
+            cursor.order = ">"
+            version = struct.unpack(">I", struct.pack("<I", version))[0]
+        if version not in _VERSIONS:
+            return None  # transformers' reader says which versions it reads
+        tensors, entries = cursor.uint(8), cursor.uint(8)
+        alignment = 32  # general.alignment's default
+        for i in range(entries):
+            where = f"metadata entry {i + 1} of {entries}"
+            key = cursor.string()
+            where += f" (`{key}`)"
+            kind = cursor.uint(4)
+            if key == "general.alignment" and kind == _UINT32:
+                alignment = cursor.uint(4)
+            else:
+                cursor.value(kind)
+        described = []
+        for i in range(tensors):
+            where = f"the description of tensor {i + 1} of {tensors}"
+            name = cursor.string()
+            where += f" (`{name}`)"
+            dims = cursor.uint(4)
+            if dims > _MAX_DIMS:
+                raise _Corrupt(f"has {dims} dimensions, more than GGUF's {_MAX_DIMS}")
+            shape = [cursor.uint(8) for _ in range(dims)]
+            kind, offset = cursor.uint(4), cursor.uint(8)
+            described.append((offset, name, shape, kind))
+    except _CutShort as short:
+        least = "" if short.exact else " at least"
+        return (
+            f"the file is cut short: {where} runs past the end of the file, to byte "
+            f"{short.end}{least}; copy or download the file again."
+        )
+    except _Corrupt as corrupt:
+        return f"the file is corrupt: {where} {corrupt}."
+    if alignment == 0 or alignment & (alignment - 1):
+        return None  # transformers' reader says what alignments it takes
+    from gguf.constants import GGML_QUANT_SIZES
+
+    sizes = {int(kind): block for kind, block in GGML_QUANT_SIZES.items()}
+    start = -(-cursor.at // alignment) * alignment  # the tensors' data, aligned
+    cut = []
+    for offset, name, shape, kind in described:
+        if kind not in sizes:
+            continue  # a type the gguf package does not know: left to its reader
+        elements, (block, block_bytes) = math.prod(shape), sizes[kind]
+        end = start + offset + elements // block * block_bytes
+        if end > size:
+            cut.append((offset, name, end))
+    if not cut:
+        return None
+    _, name, end = min(cut)
+    return (
+        f"the file is cut short: the data of tensor `{name}` runs past the end of the file, "
+        f"to byte {end} ({len(cut)} of the {len(described)} tensors' data do); copy or "
+        "download the file again."
+    )

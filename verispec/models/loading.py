@@ -35,7 +35,7 @@ from verispec.models.cpu_linear import kernel_status
 from verispec.models.runtime import auto_dtype
 from verispec.models.target import DType, Runtime, check_dtype, check_runtime, make_target
 
-__all__ = ["load_model", "model_source"]
+__all__ = ["check_model", "load_model", "model_source"]
 
 
 def model_source(path: str | os.PathLike[str]) -> tuple[str, Path]:
@@ -66,6 +66,24 @@ def model_source(path: str | os.PathLike[str]) -> tuple[str, Path]:
     )
 
 
+def check_model(
+    path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
+) -> None:
+    """What :func:`load_model` would find wrong with ``path`` before any long work, found in
+    a fraction of a second: :func:`model_source`'s checks and, for a GGUF file not converted
+    yet, its layout (:func:`verispec.models.gguf.check_file`: a file cut short).
+
+    Raises:
+        ConfigError: as :func:`model_source`.
+        ModelFileError: (a ``ConfigError``) a GGUF file that is not GGUF, cut short or corrupt.
+    """
+    kind, source = model_source(path)
+    if kind == "gguf":
+        root = Path(cache_dir).expanduser() if cache_dir is not None else paths.cache_dir()
+        if not (gguf.converted_dir(source, root) / "config.json").is_file():
+            gguf.check_file(source)
+
+
 def _read_causal_lm(directory: Path, dtype: Any, what: str) -> Any:
     """transformers' model from a ``save_pretrained`` directory, every weight read.
 
@@ -81,7 +99,7 @@ def _read_causal_lm(directory: Path, dtype: Any, what: str) -> Any:
         )
     except Exception as exc:  # OSError, ValueError, safetensors' errors, struct.error...
         raise ModelFileError(
-            f"cannot load a causal LM from {what}: {type(exc).__name__}: {exc}"
+            f"cannot load a causal LM from {what}: {gguf.exception_text(exc)}"
         ) from None
     hf_model, info = loaded
     missing = sorted(info.get("missing_keys") or ())

@@ -26,6 +26,7 @@ distribution with it, declaring the masked law they draw from.
 from __future__ import annotations
 
 import json
+import re
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -36,7 +37,13 @@ from verispec.core.tree import Deterministic, DraftTree
 from verispec.core.types import DecodeState
 from verispec.errors import ConfigError
 
-__all__ = ["GrammarConstraint", "GrammarLogitsProcessor", "grammar_text", "ll_tokenizer"]
+__all__ = [
+    "GrammarConstraint",
+    "GrammarLogitsProcessor",
+    "grammar_error",
+    "grammar_text",
+    "ll_tokenizer",
+]
 
 _BITS = torch.arange(32, dtype=torch.int32)
 
@@ -138,6 +145,29 @@ def grammar_text(
     return str(llg.LLMatcher.grammar_from_lark(grammar))
 
 
+def grammar_error(grammar: str) -> str | None:
+    """Why llguidance cannot compile ``grammar`` (from :func:`grammar_text`), on one line,
+    or None: its checks that need no tokenizer (a regex that does not parse or uses
+    look-around or backreferences, a Lark grammar's syntax or a rule it lacks, a schema's
+    unknown type, format or unsatisfiable bounds), in milliseconds, before any model loads.
+    What needs the tokenizer (a special token the grammar names) is checked by
+    :class:`GrammarConstraint`."""
+    is_error, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(grammar)
+    return _one_line(messages[0]) if is_error and messages else None
+
+
+def _one_line(message: str) -> str:
+    """llguidance's error without its drawing of the source (lines of text and carets):
+    the first line, its place ``at 3(5)`` as ``line 3, column 5``, and for a regex that
+    does not parse, the parser's reason."""
+    lines = [line.strip() for line in message.strip().splitlines()]
+    first = lines[0] if lines else "unknown error"
+    if first.endswith("regex parse error:"):
+        reasons = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+        first = " ".join([first, *reasons[:1]])
+    return re.sub(r"^(?:at )?(\d+)\((\d+)\): ", r"line \1, column \2: ", first)
+
+
 class GrammarConstraint:
     """One generation's grammar: the allowed tokens of every tree row.
 
@@ -155,7 +185,9 @@ class GrammarConstraint:
         llg = _llguidance()
         self._matcher = llg.LLMatcher(tokenizer, grammar)
         if self._matcher.is_error():
-            raise ConfigError(f"the grammar does not compile: {self._matcher.get_error()}")
+            raise ConfigError(
+                f"the grammar does not compile: {_one_line(self._matcher.get_error())}"
+            )
         self.vocab_size = vocab_size
         self.prompt_length = prompt_length
         self._words = (vocab_size + 31) // 32

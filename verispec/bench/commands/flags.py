@@ -12,6 +12,7 @@ the reason, so a new field of ``GenerationParams`` is a decision (a test checks 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -26,10 +27,12 @@ from verispec.errors import ConfigError
 __all__ = [
     "FLAGS",
     "NOT_FLAGS",
+    "STRUCTURE_ALLOWED",
     "Flag",
     "add_generation_options",
     "add_processing_options",
     "bench_config",
+    "check_structure",
     "int_arg",
     "number_arg",
     "processing",
@@ -211,18 +214,38 @@ def add_processing_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# what each structured-output flag takes, for its errors
+STRUCTURE_ALLOWED = {
+    "--json-schema": "a file holding a JSON schema (an object, or true or false) of the "
+    "keywords and formats llguidance supports",
+    "--regex": "a regex in the syntax of Rust's regex crate, without look-around or backreferences",
+    "--grammar": "a file holding a Lark grammar (llguidance's dialect) with a `start` rule",
+}
+
+
 def processing(args: argparse.Namespace) -> dict[str, Any]:
-    """The GenerationParams fields of the processing options (files read here)."""
+    """The GenerationParams fields of the processing options (files read here), the
+    structured output checked to compile, as far as it can be without the model's
+    tokenizer, before the model loads (:func:`check_structure`)."""
 
     def read(option: str, path: str | None) -> str | None:
         if path is None:
             return None
         try:
             with open(path, encoding="utf-8") as handle:
-                return handle.read()
+                text = handle.read()
         except OSError as error:
             raise ConfigError(f"`{option}` {path!r} cannot be read: {error.strerror}.") from None
+        except UnicodeDecodeError as error:
+            raise ConfigError(
+                f"`{option}` {path!r} cannot be read: not UTF-8 text (byte {error.start}); "
+                f"it must be {STRUCTURE_ALLOWED[option]}."
+            ) from None
+        check_structure(option, path, text)
+        return text
 
+    if args.regex is not None:
+        check_structure("--regex", args.regex, args.regex)
     settings = {name: getattr(args, name) for name, f in FLAGS.items() if f.group == "processing"}
     return {
         **settings,
@@ -230,6 +253,45 @@ def processing(args: argparse.Namespace) -> dict[str, Any]:
         "regex": args.regex,
         "grammar": read("--grammar", args.grammar),
     }
+
+
+def check_structure(option: str, given: str, text: str) -> None:
+    """``text``, the constraint of ``option`` (``--json-schema``, ``--regex`` or
+    ``--grammar``, ``given`` as the file or regex given), compiles as far as it can be
+    checked without the model's tokenizer: JSON that is a schema llguidance follows, a
+    regex it compiles, a Lark grammar it parses (in milliseconds; a special token the
+    tokenizer lacks is found when the answer starts).
+
+    Raises:
+        ConfigError: naming the option, what was given, what is wrong and what is allowed.
+    """
+    from verispec.processors.grammar import grammar_error, grammar_text
+
+    allowed = STRUCTURE_ALLOWED[option]
+    if not text or (option != "--regex" and not text.strip()):  # (a regex may be a space)
+        raise ConfigError(f"`{option}` {given!r} is empty; it must be {allowed}.")
+    if option == "--json-schema":
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(
+                f"`{option}` {given!r} is not JSON ({error}); it must be {allowed}."
+            ) from None
+        if not isinstance(schema, dict | bool):
+            kind = {list: "an array", str: "a string", type(None): "null"}.get(
+                type(schema), "a number"
+            )
+            raise ConfigError(f"`{option}` {given!r} holds {kind}; it must be {allowed}.")
+        grammar = grammar_text(json_schema=text)
+    elif option == "--regex":
+        grammar = grammar_text(regex=text)
+    else:
+        grammar = grammar_text(grammar=text)
+    reason = grammar_error(grammar)
+    if reason is not None:
+        if option == "--regex":  # its place is in llguidance's grammar around the regex
+            reason = reason.rpartition("regex parse error: ")[2]
+        raise ConfigError(f"`{option}` {given!r} does not compile: {reason}; it must be {allowed}.")
 
 
 def bench_config(args: argparse.Namespace, **extra: Any) -> Any:

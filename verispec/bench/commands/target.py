@@ -158,18 +158,19 @@ def device(text: str) -> str:
 
 
 def check_model_source(args: argparse.Namespace) -> None:
-    """``--model``, ``--tokenizer`` and ``--draft-model`` name what exists (before loading)."""
-    from verispec.models.loading import model_source
+    """``--model``, ``--tokenizer`` and ``--draft-model`` name what exists, and a GGUF file
+    not converted yet holds what it declares (before loading)."""
+    from verispec.models.loading import check_model
 
     if args.model not in BUILTIN_MODELS:
-        model_source(args.model)
+        check_model(args.model)
     elif args.tokenizer is not None:
         raise ConfigError(
             f"`--tokenizer` goes with a model directory or GGUF file; `--model {args.model}` "
             "has its own tokenizer."
         )
     if args.draft_model is not None:
-        model_source(args.draft_model)
+        check_model(args.draft_model)
 
 
 def kernel_scope(args: argparse.Namespace) -> AbstractContextManager[Any]:
