@@ -22,9 +22,10 @@ callable around verispec's :class:`~verispec.decoder.SpeculativeDecoder`:
   (:mod:`verispec.processors`); ``json_schema``, ``regex`` or ``grammar`` given to
   :func:`speculative` constrain the output;
 * what cannot be honoured exactly raises :class:`~verispec.errors.ConfigError`, naming
-  the option: beams, several sequences, padding, an assistant model, processors that
-  are not functions of the prefix (classifier-free guidance, SynthID), custom stopping
-  criteria, score outputs.
+  the option: beams, several sequences, padding, an assistant model, other decoding
+  methods (contrastive search, DoLa, constrained beam search, MTP drafting), processors
+  that are not functions of the prefix (classifier-free guidance, SynthID), custom
+  stopping criteria, score outputs.
 
 Two gaps of transformers 5 (5.17 to 5.23 read) that this module works around:
 ``generate`` does not pass ``streamer`` (nor ``tokenizer``) to a callable
@@ -96,28 +97,69 @@ class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
 
 
 def _fingerprint(hf_model: Any) -> tuple:
-    """Changes when a parameter is replaced, cast, or modified in place: its address, dtype,
-    shape and version counter, and a sum of its bytes (edits through ``.data`` or in
-    ``no_grad`` leave the version counter as it was). The sum wraps modulo 2**64 over the
-    bytes read as 64-bit words, so any edit of a single value changes it, as do scalings and
-    copies of new weights; about 45 ms for SmolLM2-135M's 540 MB on one CPU thread."""
+    """Changes when a parameter is replaced, cast, reshaped or modified in place: its address,
+    dtype, shape and version counter, and its content's row and column sums
+    (:func:`_marginals`), which see the edits that leave the version counter as it was
+    (through ``.data``, or in ``no_grad``), reorderings included."""
     return tuple(
-        (p.data_ptr(), p._version, p.dtype, tuple(p.shape), _content_sum(p))
+        (p.data_ptr(), p._version, p.dtype, tuple(p.shape), _marginals(p))
         for p in hf_model.parameters()
     )
 
 
-def _content_sum(tensor: torch.Tensor) -> int:
-    """The tensor's bytes as 64-bit words (the tail as bytes), summed modulo 2**64."""
+# words of 1, 2, 4 or 8 bytes as unsigned integers, and as the signed ones of a device's sums
+_WORDS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
+_SIGNED_WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_BLOCK_BYTES = 1 << 19  # rows summed at a time: both sums read them while they are in cache
+
+
+def _marginals(tensor: torch.Tensor) -> tuple[bytes, bytes]:
+    """The row sums and the column sums of ``tensor``'s bits, read as a matrix of words.
+
+    The rows are the tensor's first dimension; a row's bytes are cut into 8-byte words (into
+    its elements where its length is not a multiple of 8 bytes; an element wider than 8
+    bytes counts as its 8-byte words); each word is an unsigned integer, and the sums wrap
+    modulo 2**(its bits).
+
+    What this sees: an edit of one element changes its word (its words, if it is wider than
+    8 bytes) by less than 2**(the word's bits), so it changes its column's sum, and its
+    row's if it is 8 bytes at most. A swap of two unequal elements of 8 bytes at most (any
+    but a complex dtype) changes the sums of both rows (other rows), of both words'
+    columns (one row), or the one word that holds both. A reordering of rows permutes the
+    row sums, so it changes them unless the rows it moves have equal sums. An edit goes
+    unseen only if it keeps every row sum and every column sum. Integers, so the sums are
+    exact; and, unlike one sum of the whole tensor, they depend on where each value is."""
     import numpy as np
 
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    if raw.device.type != "cpu":  # on the device: 32-bit words, summed exactly in int64
-        whole = raw[: raw.numel() // 4 * 4].view(torch.int32)
-        return int(whole.sum(dtype=torch.int64)) + int(raw[whole.numel() * 4 :].sum())
-    data = raw.numpy()
-    words = data[: data.size // 8 * 8].view(np.uint64)
-    return int(np.add.reduce(words, dtype=np.uint64)) + int(data[words.size * 8 :].sum())
+    tensor = tensor.detach()
+    if tensor.numel() == 0:
+        return b"", b""
+    rows = tensor.shape[0] if tensor.ndim else 1
+    row_bytes = tensor.numel() // rows * tensor.element_size()
+    width = 8 if row_bytes % 8 == 0 else min(tensor.element_size(), 8)
+    flat = tensor.contiguous().reshape(-1).view(torch.uint8)
+    if flat.device.type != "cpu":
+        return _device_marginals(flat, rows, width)
+    words = flat.numpy().view(_WORDS[width]).reshape(rows, -1)
+    word = words.dtype
+    row_sums = np.empty(rows, word)
+    column_sums = np.zeros(words.shape[1], word)
+    step = max(1, _BLOCK_BYTES // row_bytes)
+    for start in range(0, rows, step):
+        block = words[start : start + step]
+        np.add.reduce(block, axis=1, dtype=word, out=row_sums[start : start + step])
+        column_sums += np.add.reduce(block, axis=0, dtype=word)
+    return row_sums.tobytes(), column_sums.tobytes()
+
+
+def _device_marginals(flat: torch.Tensor, rows: int, width: int) -> tuple[bytes, bytes]:
+    """:func:`_marginals` of a tensor's bytes ``flat`` summed where they are (a GPU's), as
+    signed integers of the words' width: their sums wrap to the unsigned sums' bits."""
+    words = flat.view(_SIGNED_WORDS[width]).reshape(rows, -1)
+    return (
+        words.sum(1, dtype=words.dtype).cpu().numpy().tobytes(),
+        words.sum(0, dtype=words.dtype).cpu().numpy().tobytes(),
+    )
 
 
 def target_for(
@@ -131,13 +173,22 @@ def target_for(
 
     :func:`~verispec.models.default.make_target` builds it (the fast runtime where it
     covers the architecture, else the adapter); later calls with the same options return
-    the same object while ``hf_model``'s parameters are unchanged (same tensors, dtypes and
-    values, see :func:`_fingerprint`), and build a new one otherwise: whatever edited the
-    weights (``.data``, ``copy_`` under ``no_grad``, ``load_state_dict``, a replaced
-    parameter, ``to(dtype)``), the next generation uses the current ones.
-    """
-    from verispec.models.default import make_target
+    the same object while ``hf_model``'s parameters are unchanged (same tensors, dtypes,
+    shapes, version counters and row and column sums of their bits: :func:`_fingerprint`),
+    and build a new one otherwise. So whatever edited the weights (``.data``, ``copy_``
+    under ``no_grad``, ``load_state_dict``, a replaced parameter, ``to(dtype)``), the next
+    generation uses the current ones, provided the edit changes a parameter's address,
+    dtype, shape or version counter, or one of those sums: any edit of a single element
+    does, and any swap of two unequal elements (:func:`_marginals` says what else).
 
+    ``max_length=None`` takes the context cap that
+    :func:`~verispec.models.default.load_default_model` recorded on ``hf_model`` (its own
+    ``max_length=``), else the model's whole context.
+    """
+    from verispec.models.default import MAX_LENGTH_ATTRIBUTE, make_target
+
+    if max_length is None:
+        max_length = getattr(hf_model, MAX_LENGTH_ATTRIBUTE, None)
     key = (runtime, str(dtype), max_length)
     cache: dict = hf_model.__dict__.setdefault("_verispec_targets", {})
     fingerprint = _fingerprint(hf_model)
@@ -370,7 +421,8 @@ def _generate_frame() -> dict[str, Any] | None:
 
 
 def _check_caller(caller: dict[str, Any] | None, synced_gpus: bool) -> None:
-    if synced_gpus:
+    # transformers hands none of these to a callable custom_generate: read from its frame
+    if synced_gpus or (caller is not None and caller.get("synced_gpus")):
         raise ConfigError("`synced_gpus=True` is not supported: verispec decodes on one device.")
     if caller is None:
         return
@@ -413,12 +465,26 @@ def _generation_config(
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
         raise refuse("attention_mask", "with padding", "all ones (no padding, batch size 1)")
-    cache = model_kwargs.get("past_key_values")
-    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-        raise refuse("past_key_values", "a filled cache", "empty (verispec keeps its own)")
+    if model_kwargs.get("inputs_embeds") is not None:  # beside input_ids: they would be ignored
+        raise refuse("inputs_embeds", "a tensor", "None (pass the prompt as input_ids)")
+    for name in ("past_key_values", "cache"):  # transformers 5 renames the first to the second
+        cache = model_kwargs.get(name)
+        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+            raise refuse("past_key_values", "a filled cache", "empty (verispec keeps its own)")
     for option in ("prompt_lookup_num_tokens", "assistant_early_exit"):
         if getattr(gc, option, None) is not None:
             raise refuse(option, getattr(gc, option), "None (use verispec.speculative('pld'))")
+    if getattr(gc, "use_mtp", None):
+        raise refuse("use_mtp", gc.use_mtp, "False (verispec drafts itself)")
+    # decoding modes whose answers are not the target's greedy or sampled ones; transformers
+    # runs them from Hub repositories, and a callable `custom_generate` would otherwise
+    # decode greedily in their place without a word
+    for option in ("constraints", "force_words_ids", "dola_layers"):
+        if getattr(gc, option, None) is not None:
+            raise refuse(option, getattr(gc, option), "None (it is another decoding method)")
+    alpha = getattr(gc, "penalty_alpha", None)
+    if not gc.do_sample and (gc.top_k or 0) > 1 and (alpha or 0) > 0:  # contrastive search
+        raise refuse("penalty_alpha", alpha, "None (it is another decoding method)")
     for option in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
         if getattr(gc, option, False):
             raise refuse(option, True, "False")
