@@ -17,12 +17,13 @@ import time
 
 import torch
 
+from verispec.bench.commands.flags import add_threads_option
 from verispec.models.cpu_attention import attend_cpu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads_option(parser)
     parser.add_argument("--context", type=int, default=1000)
     parser.add_argument("--rows", default="1,2,4")
     parser.add_argument("--repeats", type=int, default=15)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 import verispec
+from verispec.bench.commands.flags import add_threads_option
 
 CATEGORIES = "translation,rag,qa,humanities,math_reasoning,writing,summarization,coding"
 
@@ -31,7 +32,7 @@ def main() -> None:
     parser.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
     parser.add_argument("--categories", default=CATEGORIES)
     parser.add_argument("--methods", default="dtr,tr,pld")
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads_option(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -239,10 +239,11 @@ def _mat_from_cpu() -> dict[str, float]:
 def _bench_run(
     check: Any, model: Any, tokenizer: Any, methods: str, kernels: str, chat: bool
 ) -> Any:
+    from verispec.bench.loop import run_bench
     from verispec.bench.methods import METHODS
     from verispec.bench.prompts import select_questions, shipped_questions
     from verispec.bench.report import summarise
-    from verispec.bench.runner import BenchConfig, make_context, run_bench
+    from verispec.bench.runner import BenchConfig, make_context
     from verispec.kernels.backend import use_backend
     from verispec.specs import parse_methods
 

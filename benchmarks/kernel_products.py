@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from verispec.bench.commands.flags import add_threads_option
 from verispec.kernels import cpu_build
 from verispec.kernels.cpu_features import cpu_features
 from verispec.models import cpu_linear
@@ -84,7 +85,7 @@ def _forward(lib, layers, head, x, y, m: int, threads: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="1,2,3,4,6,16")
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads_option(parser)
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--against", metavar="REV", help="also time the kernels at git REV")

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from verispec.bench.commands.flags import add_threads_option
 from verispec.drafters.budget import measure_latency
 from verispec.kernels.cpu_features import cpu_features
 from verispec.models import FastModel, HFModel
@@ -65,7 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="135M,360M,1.7B")
     parser.add_argument("--sizes", default="1,2,4,8,16", help="tokens a step (root included)")
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads_option(parser)
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--mat", default="1.5,2.0", help="MATs to price the speedup at")

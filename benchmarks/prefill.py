@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from verispec.bench.commands.flags import add_threads_option
 from verispec.core import DraftTree
 from verispec.kernels.cpu_features import cpu_features
 from verispec.models.default import load_default_model
@@ -82,7 +83,7 @@ def prefill_paths(model: Any, lengths: list[int], repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="1024,4096,8192")
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads_option(parser)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--paths", action="store_true", help="the prompt pass against the tree kernels"

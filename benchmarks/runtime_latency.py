@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.records import machine_info, write_json, write_text
 from verispec.core.tree import DraftTree
 from verispec.drafters.budget import measure_latency
@@ -261,7 +262,7 @@ def save_step_plot(report: dict[str, Any], path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("results/runtime"))
-    parser.add_argument("--threads", type=lambda t: [int(x) for x in t.split(",")], default=None)
+    add_threads_option(parser, counts=True)
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=1024)
@@ -272,8 +273,6 @@ def main() -> int:
         help="add the compiled runtime's T(n) (every bucket compiled first, time reported)",
     )
     args = parser.parse_args()
-    if args.threads is None:
-        args.threads = sorted({1, torch.get_num_threads()})
     if args.quick:
         args.steps, args.repeats = min(args.steps, 256), 3
     args.out.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,7 @@ import torch
 from runtime_latency import read_bandwidth  # beside this script
 
 import verispec.models.llama as llama
+from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.records import machine_info
 from verispec.drafters.budget import _chain_like_tree
 from verispec.kernels.cpu_features import cpu_features
@@ -176,7 +177,7 @@ def profile_step(model: FastModel, n: int, context: int, repeats: int) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", default="1,2")
+    add_threads_option(parser, counts=True)
     parser.add_argument("--sizes", default="1,16")
     parser.add_argument("--weights", default="auto,dense")
     parser.add_argument("--attention", default="auto", help="auto (C where it runs), torch")
@@ -186,7 +187,7 @@ def main() -> None:
     args = parser.parse_args()
     base, _ = load_default_model()
     rows = []
-    for threads in (int(t) for t in args.threads.split(",")):
+    for threads in args.threads:
         bandwidth = read_bandwidth(threads)
         peak = args.peak_gflops or 32 * _clock_ghz() * threads
         for weights, attention in itertools.product(

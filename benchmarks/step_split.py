@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 import verispec
+from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.prompts import build_prompt_ids, load_questions, select_questions
 from verispec.bench.runner import method_orders
 from verispec.kernels.cpu_features import cpu_features
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--methods", default="ar,tr,dtr,pld")
     parser.add_argument("--limit", type=int, default=3, help="questions per category")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads_option(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

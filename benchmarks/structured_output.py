@@ -48,6 +48,7 @@ import torch
 import transformers
 
 import verispec
+from verispec.bench.commands.flags import add_threads_option
 from verispec.custom_generate import target_for
 from verispec.processors import GrammarLogitsProcessor
 
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="prompts (JSON lines)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--methods", default="ar,tr,dtr,pld", help="verispec method specs")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    add_threads_option(parser)
     parser.add_argument("--limit", type=int, default=None, help="first N prompts only")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up calls per callable")

@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.records import machine_info
 from verispec.drafters.budget import measure_latency
 from verispec.kernels.cpu_features import cpu_features
@@ -59,7 +60,7 @@ def llama_cpp_tn(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", default="1")
+    add_threads_option(parser, counts=True)
     parser.add_argument("--sizes", default="1,2,3,4,8,16")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=9)
@@ -67,7 +68,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     model, _ = load_default_model()
     rows = []
-    for threads in (int(t) for t in args.threads.split(",")):
+    for threads in args.threads:
         torch.set_num_threads(threads)
         table = measure_latency(
             model, [n - 1 for n in sizes], context=args.context, repeats=args.repeats

@@ -158,12 +158,12 @@ def test_an_interrupted_bench_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Ctrl-C during the run exits 130 and leaves no output file."""
-    import verispec.bench.runner as runner
+    import verispec.bench.loop as loop
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "run_bench", interrupted)
+    monkeypatch.setattr(loop, "run_bench", interrupted)
     out = tmp_path / "bench.json"
     argv = ["bench", "--model", "tiny", "--threads", "1", "--methods", "ar", "--json", str(out)]
     assert cli.main(argv) == 130

@@ -107,8 +107,6 @@ def _by_hand(spec: str, target: Any, draft: Any) -> Any:
         kwargs["suffix_drafter"] = SuffixDrafter(corpus=corpus)
     if cls is SuffixDrafter:
         kwargs["corpus"] = corpus
-    if cls is DySpec and kwargs.get("budget") == "auto":
-        kwargs["latency"] = verispec.drafters.latency_for(target)
     if not DRAFTERS[parsed.name].uses_draft_model:
         return cls(**kwargs)
     if layers is not None:
@@ -123,7 +121,7 @@ def _resolved(drafter: Any) -> tuple[Any, ...]:
     with (which layers of which weights) and the suffix corpus cap."""
     draft = getattr(drafter, "draft", None)
     model = None if draft is None else (id(draft.hf_model), tuple(draft.layer_indices))
-    suffix = getattr(drafter, "suffix", drafter)  # DTR's suffix drafter, or the drafter
+    suffix = getattr(drafter, "suffix_drafter", drafter)  # DTR's suffix drafter, or the drafter
     corpus = getattr(suffix, "corpus", None)
     suffix_options = getattr(suffix, "options", None)
     cap = None if corpus is None else corpus.max_tokens

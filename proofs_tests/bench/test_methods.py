@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from verispec.bench.methods import METHODS, BenchMethod
-from verispec.bench.runner import check_available
+from verispec.bench.methods import METHODS, BenchMethod, check_available
 from verispec.errors import ConfigError
 from verispec.specs import Param, parse_method, parse_methods, show
 
@@ -75,7 +74,7 @@ def test_suffix_specs_parse_and_build(smoke_context: Any) -> None:
     fused = parse_method("dtr:suffix=true", METHODS)
     assert fused.params["corpus_tokens"] == DEFAULT_CORPUS_TOKENS
     dtr = METHODS["dtr"].build(smoke_context, fused.params).drafter
-    assert dtr.use_suffix and not dtr.use_lookup
+    assert dtr.use_suffix and not dtr.use_prompt_lookup
     assert (
         not METHODS["dtr"]
         .build(smoke_context, parse_method("dtr", METHODS).params)

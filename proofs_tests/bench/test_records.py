@@ -22,6 +22,7 @@ import attrs
 import pytest
 
 from verispec import cli
+from verispec.bench.loop import run_bench
 from verispec.bench.methods import METHODS
 from verispec.bench.prompts import Question
 from verispec.bench.records import (
@@ -33,7 +34,7 @@ from verispec.bench.records import (
     write_atomic,
     write_json,
 )
-from verispec.bench.runner import BenchConfig, TurnRecord, TurnResult, record_key, run_bench
+from verispec.bench.runner import BenchConfig, TurnRecord, TurnResult, record_key
 from verispec.core.types import GenerationParams
 from verispec.errors import ConfigError
 from verispec.specs import parse_methods

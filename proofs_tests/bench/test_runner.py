@@ -1,4 +1,4 @@
-"""Tests of verispec/bench/runner.py and runners.py: interleaving, warm-up, conversations,
+"""Tests of verispec/bench/runner.py and loop.py: interleaving, warm-up, conversations,
 and a tiny end-to-end benchmark on the smoke model (random Llama) written as JSON."""
 
 from __future__ import annotations
@@ -13,17 +13,12 @@ from typing import Any
 import attrs
 import pytest
 
-from verispec.bench.methods import METHODS
+from verispec.bench.loop import run_bench
+from verispec.bench.methods import METHODS, build_runners
 from verispec.bench.prompts import Question, shipped_questions
 from verispec.bench.records import write_json
 from verispec.bench.report import summarise, to_json
-from verispec.bench.runner import (
-    BenchConfig,
-    TurnResult,
-    build_runners,
-    method_orders,
-    run_bench,
-)
+from verispec.bench.runner import BenchConfig, TurnResult, method_orders
 from verispec.core.types import GenerationParams
 from verispec.errors import ConfigError
 from verispec.specs import parse_methods

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from verispec import SpeculativeDecoder
-from verispec.core import DecodeState, DraftTree, GenerationParams, StepOutcome
+from verispec.core import DecodeState, DraftTree, GenerationParams, LanguageModel, StepOutcome
+from verispec.core.types import BaseDrafter
 from verispec.errors import ConfigError, ContextLengthError, IncompatibleModelsError
 from verispec.verifiers import Greedy, RecursiveRejection
 
@@ -182,6 +183,36 @@ def test_tokenizer_larger_than_model_vocabulary_is_rejected() -> None:
 
     with pytest.raises(IncompatibleModelsError, match="100 tokens"):
         SpeculativeDecoder(CountingModel(), tokenizer=BigTokenizer())
+
+
+class _Bound(BaseDrafter):
+    """A drafter that declares the optional capabilities: a draft model and a binding."""
+
+    def __init__(self, draft: CountingModel) -> None:
+        self.draft = draft
+        self.bound: LanguageModel | None = None
+
+    def bind_target(self, target: LanguageModel) -> None:
+        self.bound = target
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        return DraftTree.empty()
+
+
+def test_the_decoder_reads_a_drafters_declared_capabilities() -> None:
+    """A drafter on ``BaseDrafter`` is bound to the target when the decoder is built and its
+    draft model's vocabulary is checked; one that only follows the protocol has the defaults
+    and decodes as well."""
+    model = CountingModel()
+    drafter = _Bound(CountingModel())
+    SpeculativeDecoder(model, drafter)
+    assert drafter.bound is model
+    with pytest.raises(IncompatibleModelsError, match="vocabulary must match"):
+        SpeculativeDecoder(model, _Bound(CountingModel(vocab_size=8)))
+    result = SpeculativeDecoder(model, OracleDrafter(7, depth=1), verifier=Greedy()).generate(
+        [0], max_new_tokens=4
+    )
+    assert result.tokens == [1, 2, 3, 4]
 
 
 def test_kernels_choice_reaches_the_default_verifiers() -> None:

@@ -306,7 +306,7 @@ def test_suffix_fusion_adds_corpus_continuations_in_place_of_prompt_lookup() -> 
     assert [tree.path_tokens(i) for i in range(len(tree))] == [
         [32], [32, 33], [32, 33, 34]
     ]  # fmt: skip
-    assert drafter.lookup.index.tokens == []  # prompt lookup never indexed the context
+    assert drafter.prompt_lookup.index.tokens == []  # prompt lookup never indexed the context
     drafter.reset()
     assert corpus.num_tokens == 0
 

@@ -280,7 +280,6 @@ def test_tiny_llama_greedy_identity_and_draft_cache(
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"budget": "auto"}, "latency table"),
         ({"budget": "auto", "latency": STEP, "threshold": 0.1}, "Algorithm 1 only"),
         ({"budget": "auto", "latency": STEP, "max_budget": 0}, "max_budget"),
         ({"budget": "big"}, "or 'auto'"),
@@ -288,11 +287,33 @@ def test_tiny_llama_greedy_identity_and_draft_cache(
     ],
 )
 def test_bad_auto_parameters(kwargs: dict, match: str) -> None:
-    """'auto' needs a LatencyTable and a max_budget >= 1, and excludes a threshold; any
-    other string budget is refused."""
+    """'auto' needs a max_budget >= 1 and excludes a threshold, ``latency`` must be a
+    LatencyTable, and any other string budget is refused."""
     draft = MarkovModel.random(3, torch.Generator().manual_seed(0))
     with pytest.raises(ConfigError, match=match):
         DySpec(draft, **kwargs)
+
+
+def test_auto_without_a_table_is_bound_by_the_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """'auto' without a table proposes nothing before one is bound (a clear error), and
+    the decoder binds the target's (``bind_target``), as it does Dynamic Token Recycling's;
+    a table given with a fixed budget is not read."""
+    draft = MarkovModel.random(3, torch.Generator().manual_seed(0))
+    drafter = DySpec(draft, budget="auto")
+    state = decode_state(PROMPT, 1.0)
+    drafter.begin(state)
+    with pytest.raises(ConfigError, match="latency table"):
+        drafter.propose(state)
+    bound: list[object] = []
+    monkeypatch.setattr(
+        "verispec.drafters.budget.latency_for", lambda target: bound.append(target) or STEP
+    )
+    target = MarkovModel.random(3, torch.Generator().manual_seed(1))
+    SpeculativeDecoder(target, drafter)
+    assert bound == [target] and drafter.latency is STEP
+    fixed = DySpec(draft, budget=4, latency=STEP)
+    assert not fixed.sized_by_device and repr(fixed) == "DySpec(budget=4)"
+    assert fixed._latency_grid(4) == []
 
 
 def test_auto_respects_the_room_left() -> None:

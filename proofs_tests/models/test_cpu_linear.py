@@ -644,7 +644,7 @@ def test_a_step_is_one_c_call_with_the_general_paths_bits(
     product of its own), step after step."""
     model = blocks_model()
     transformer = model.transformer
-    assert model._shared.c_decode
+    assert model._shared.uses_c_decode
     calls = []
     decode_step = transformer.decode_step
 
@@ -655,10 +655,10 @@ def test_a_step_is_one_c_call_with_the_general_paths_bits(
     transformer.decode_step = counted  # type: ignore[method-assign]
     try:
         fast = _decode(model, prompt, tokens, tree)
-        model._shared.c_decode = False
+        model._shared.uses_c_decode = False
         general = _decode(model, prompt, tokens, tree)
     finally:
-        model._shared.c_decode = True
+        model._shared.uses_c_decode = True
         del transformer.decode_step
     assert len(calls) == len(tokens) + 1
     assert [a.shape for a in fast] == [(1, V)] * len(tokens) + [(tree.num_nodes + 1, V)]
@@ -687,7 +687,7 @@ def test_the_c_forward_reads_a_head_moved_by_module_apply() -> None:
     copy zeroes the logits."""
     hf = tiny_model("llama", vocab_size=V, seed=3, dtype=torch.float32, hidden_size=64).hf_model
     model = FastModel(hf, dtype=torch.float32, weights="q4_1")
-    assert model._shared.c_decode
+    assert model._shared.uses_c_decode
     before = _decode(model, [1, 2, 3], [4])[0]
     head = model.transformer.output
     old = head.blocks
@@ -711,7 +711,7 @@ def test_a_head_that_is_not_blocks_decodes_through_the_general_pass() -> None:
     model = FastModel(hf, dtype=torch.float32)
     assert model.transformer.cpu_layers is not None
     assert not isinstance(model.transformer.output, BlockLinear)
-    assert not model._shared.c_decode
+    assert not model._shared.uses_c_decode
     prompt = [5, 6, 7]
     tree = DraftTree.from_parents(torch.tensor([8, 9, 10]), [-1, 0, -1])
     model.prefill(torch.tensor(prompt))

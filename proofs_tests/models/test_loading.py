@@ -47,6 +47,32 @@ def test_runtime_and_tokenizer_choices(tmp_path: Path, model_dir: Path) -> None:
         load_model(model_dir, runtime="fastest")
 
 
+def test_auto_dtype_is_decided_by_the_weights_for_a_directory_too(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dtype="auto"`` follows the one rule (:func:`~verispec.kernels.dtypes.auto_dtype`)
+    for a directory as for a GGUF file and :class:`FastModel`: on a CPU taken to multiply
+    bfloat16 natively, a directory of GGUF blocks stays float32 where the block kernel runs,
+    and other weights take bfloat16."""
+    from transformers import AutoModelForCausalLM
+
+    from verispec.models.cpu_linear import kernel_status, quantize_blocks
+
+    monkeypatch.setattr("verispec.kernels.dtypes.default_dtype", lambda device: torch.bfloat16)
+    model, _ = load_model(model_dir, dtype="auto", runtime="hf")
+    assert model.dtype == torch.bfloat16
+    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for module in hf_model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(quantize_blocks(module.weight, "q4_1"))
+    hf_model.save_pretrained(tmp_path / "blocks")
+    model, _ = load_model(tmp_path / "blocks", dtype="auto", tokenizer=model_dir)
+    expected = torch.float32 if kernel_status()[0] else torch.bfloat16
+    assert model.dtype == expected
+    assert FastModel(hf_model, dtype="auto").dtype == expected
+
+
 def test_model_source_says_what_a_path_is(tmp_path: Path, model_dir: Path) -> None:
     """A directory with ``config.json`` and a ``.gguf`` file are models; anything else is refused
     with what is allowed."""

@@ -28,13 +28,13 @@ from verispec import SpeculativeDecoder
 from verispec.core import DraftTree
 from verispec.errors import ConfigError, UnsupportedModelError
 from verispec.kernels.cpu_features import bf16_supported, default_dtype
+from verispec.kernels.dtypes import auto_dtype
 from verispec.models import FastModel, HFModel, tiny_model
 from verispec.models.cpu_attention import cpu_attention_available
 from verispec.models.cpu_linear import holds_blocks, kernel_status, quantize_blocks
 from verispec.models.default import make_target
 from verispec.models.invariance import row_invariant_kernels
 from verispec.models.onednn import PackedLinear
-from verispec.models.runtime import auto_dtype
 from verispec.verifiers import Greedy
 
 EXACT = 1e-9
@@ -101,7 +101,7 @@ def test_tree_rows_are_bitwise_sequential(
     model = fast(dtype=dtype, hidden_size=64, attention=attention)
     if not model.row_invariant:
         pytest.skip(f"this machine's {dtype} kernels are not row-invariant (see docs/runtime)")
-    c_attention = "+C attention" if model._shared.cpu_attention else ""
+    c_attention = "+C attention" if model._shared.uses_cpu_attention else ""
     assert model.runtime == "eager+oneDNN" + c_attention
     assert bool(c_attention) == (attention == "auto" and cpu_attention_available(16))
     model.prefill(torch.tensor(prompt))
@@ -391,13 +391,13 @@ def test_auto_dtype_reads_gguf_blocks_in_float32() -> None:
     weights keep default_dtype()."""
     hf = tiny_model("llama", vocab_size=V, dtype=torch.float32, hidden_size=64).hf_model
     assert not holds_blocks(hf)
-    assert auto_dtype(hf, "cpu") == default_dtype("cpu")
+    assert auto_dtype("cpu", blocks=holds_blocks(hf)) == default_dtype("cpu")
     with torch.no_grad():
         for module in hf.modules():
             if isinstance(module, nn.Linear):
                 module.weight.copy_(quantize_blocks(module.weight, "q4_1"))
     if not kernel_status()[0]:
-        assert auto_dtype(hf, "cpu") == default_dtype("cpu")
+        assert auto_dtype("cpu", blocks=holds_blocks(hf)) == default_dtype("cpu")
         return
     assert holds_blocks(hf)
     model = FastModel(hf, dtype="auto")

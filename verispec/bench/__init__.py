@@ -17,7 +17,8 @@ Typical use::
     print(render_table(summarise(run)))
 """
 
-from verispec.bench.methods import METHODS
+from verispec.bench.loop import run_bench
+from verispec.bench.methods import METHODS, build_runners, check_available
 from verispec.bench.prompts import (
     Question,
     build_prompt_ids,
@@ -48,10 +49,7 @@ from verispec.bench.runner import (
     MethodRunner,
     TurnRecord,
     TurnResult,
-    build_runners,
-    check_available,
     make_context,
-    run_bench,
 )
 
 __all__ = [

@@ -10,17 +10,23 @@ runner. Only the peers' parameters are declared here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
 from verispec.bench import runner
-from verispec.bench.runner import BenchContext, EngineRunner, HFRunner, LlamaCppRunner
+from verispec.bench.runner import (
+    BenchContext,
+    EngineRunner,
+    HFRunner,
+    LlamaCppRunner,
+    MethodRunner,
+)
 from verispec.errors import ConfigError
-from verispec.specs import DRAFTERS, MethodEntry, Param
+from verispec.specs import DRAFTERS, MethodEntry, MethodSpec, Param
 
-__all__ = ["METHODS", "BenchMethod"]
+__all__ = ["METHODS", "BenchMethod", "build_runners", "check_available"]
 
 
 @attrs.frozen(kw_only=True)
@@ -165,3 +171,17 @@ def _entries() -> list[BenchMethod]:
 
 
 METHODS: dict[str, BenchMethod] = {entry.name: entry for entry in _entries()}
+
+
+def check_available(specs: Sequence[MethodSpec]) -> None:
+    """Raise :class:`ConfigError` listing every method that cannot run here."""
+    reasons = {spec.label: METHODS[spec.name].availability() for spec in specs}
+    problems = [f"`{label}`: {reason}" for label, reason in reasons.items() if reason]
+    if problems:
+        raise ConfigError("method(s) not available in this installation: " + "; ".join(problems))
+
+
+def build_runners(context: BenchContext, specs: Sequence[MethodSpec]) -> dict[str, MethodRunner]:
+    """One runner per spec, keyed by the spec's label."""
+    check_available(specs)
+    return {spec.label: METHODS[spec.name].build(context, spec.params) for spec in specs}

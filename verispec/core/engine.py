@@ -43,6 +43,7 @@ from verispec.core._checks import (
 )
 from verispec.core.sampling import SamplingParams
 from verispec.core.types import (
+    BaseDrafter,
     DecodeState,
     Drafter,
     GenerationParams,
@@ -277,17 +278,18 @@ class Engine:
                 )
         self.target = target
         self.drafter: Drafter = drafter
-        bind = getattr(drafter, "bind_target", None)
-        if callable(bind):  # optional: a drafter sized by the device reads T(n) here
-            bind(target)
-        # a draft-model drafter exposes its model as `.draft`: it must share the vocabulary
-        draft_vocab = getattr(getattr(self.drafter, "draft", None), "vocab_size", None)
-        if draft_vocab is not None and draft_vocab != target.vocab_size:
-            raise IncompatibleModelsError(
-                f"the draft model's vocabulary must match the target's; got {draft_vocab} "
-                f"draft logits for {target.vocab_size} target logits. Use a draft from the "
-                "same model family and tokenizer."
-            )
+        # the optional capabilities, declared by BaseDrafter; a drafter that only follows
+        # the protocol has their defaults (nothing to bind, no draft model)
+        if isinstance(drafter, BaseDrafter):
+            drafter.bind_target(target)  # a drafter sized by the device reads T(n) here
+            draft = drafter.draft  # a draft model must share the target's vocabulary
+            if draft is not None and draft.vocab_size != target.vocab_size:
+                raise IncompatibleModelsError(
+                    f"the draft model's vocabulary must match the target's; got "
+                    f"{draft.vocab_size} "
+                    f"draft logits for {target.vocab_size} target logits. Use a draft from "
+                    "the same model family and tokenizer."
+                )
         self._verifier = verifier
         if processing is not None and (isinstance(processing, type) or not callable(processing)):
             raise ConfigError(

@@ -5,13 +5,14 @@
 * :class:`DecodeState` — what a drafter sees when it proposes.
 * :class:`StepOutcome` — what a drafter is told after verification.
 * :class:`LanguageModel`, :class:`Drafter`, :class:`Verifier`, :class:`TreeProcessing` — the
-  protocols.
+  protocols; :class:`BaseDrafter` — a drafter's optional capabilities, with their defaults.
 
 Shape glossary: N tree nodes, V vocabulary, S committed tokens.
 """
 
 from __future__ import annotations
 
+import abc
 import numbers
 from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, Protocol, runtime_checkable
@@ -25,6 +26,7 @@ from verispec.core.validate import attrs_check, integer, number
 from verispec.errors import ConfigError
 
 __all__ = [
+    "BaseDrafter",
     "DecodeState",
     "Drafter",
     "GenerationParams",
@@ -401,8 +403,9 @@ class LanguageModel(Protocol):
 class Drafter(Protocol):
     """Proposes a draft tree each step and learns from what was accepted.
 
-    Optional: ``bind_target(target)``, called by the decoder when it is built, for
-    drafters that size their trees from the target (its measured step latency).
+    The optional capabilities (binding the target, the draft model the decoder checks)
+    are declared, with their defaults, by :class:`BaseDrafter`, which verispec's drafters
+    derive from; a drafter that only follows this protocol has the defaults.
     """
 
     needs_draft_model: ClassVar[bool]
@@ -418,6 +421,37 @@ class Drafter(Protocol):
     def observe(self, outcome: StepOutcome) -> None:
         """Called after every verification."""
         ...
+
+
+class BaseDrafter(abc.ABC):
+    """A :class:`Drafter` with its optional capabilities declared, each with its default
+    (as transformers' ``CandidateGenerator`` declares its own). verispec's drafters derive
+    from it; the decoder reads these members directly on a drafter that does, and a
+    drafter that only follows the :class:`Drafter` protocol has the defaults.
+    Subclasses implement ``propose`` (and ``observe`` where they learn)."""
+
+    needs_draft_model: ClassVar[bool] = False
+    """Whether the drafter samples from a draft model (its trees' laws are then ``IID`` or
+    ``WithoutReplacement``); model-free drafters send fixed candidates."""
+
+    draft: LanguageModel | None = None
+    """The draft model a drafter drafts with, or ``None`` (model-free drafters). The
+    decoder checks that its vocabulary is the target's."""
+
+    def bind_target(self, target: LanguageModel) -> None:  # noqa: B027 (a default, not abstract)
+        """Called once by the decoder when it is built, with its target: a drafter that
+        sizes its trees from the target (its measured step latency) reads it here. By
+        default nothing."""
+
+    def begin(self, state: DecodeState) -> None:  # noqa: B027 (a default, not abstract)
+        """Called once per generation, after the prompt is prefilled. By default nothing."""
+
+    @abc.abstractmethod
+    def propose(self, state: DecodeState) -> DraftTree:
+        """The tree to verify this step; its size must not exceed ``state.max_nodes``."""
+
+    def observe(self, outcome: StepOutcome) -> None:  # noqa: B027 (a default, not abstract)
+        """Called after every verification. By default nothing."""
 
 
 @runtime_checkable

@@ -31,7 +31,13 @@ import attrs
 import torch
 
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw
-from verispec.core.types import DecodeState, LanguageModel, StepOutcome, random_seed
+from verispec.core.types import (
+    BaseDrafter,
+    DecodeState,
+    LanguageModel,
+    StepOutcome,
+    random_seed,
+)
 from verispec.core.validate import integer, option, or_none
 from verispec.drafters._draws import (
     processed_probs,
@@ -73,7 +79,7 @@ def draft_generator(state: DecodeState, device: torch.device) -> torch.Generator
     return torch.Generator(device=device).manual_seed(random_seed(state.generator))
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(BaseDrafter):
     """Base class: owns the draft model and its cache; subclasses implement ``propose``.
 
     Args:
@@ -82,6 +88,7 @@ class DraftModelDrafter:
     """
 
     needs_draft_model: ClassVar[bool] = True
+    draft: LanguageModel
 
     def __init__(self, draft: LanguageModel) -> None:
         for attr in ("prefill", "forward_tree", "commit", "vocab_size"):

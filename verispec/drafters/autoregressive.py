@@ -8,20 +8,16 @@ other method; benchmarks use it as the ``ar`` baseline, and
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from verispec.core.tree import DraftTree
-from verispec.core.types import DecodeState, StepOutcome
+from verispec.core.types import BaseDrafter, DecodeState, StepOutcome
 
 __all__ = ["Autoregressive"]
 
 _EMPTY_TREE = DraftTree.empty()
 
 
-class Autoregressive:
+class Autoregressive(BaseDrafter):
     """Drafts nothing: every step commits exactly the target's own next token."""
-
-    needs_draft_model: ClassVar[bool] = False
 
     def begin(self, state: DecodeState) -> None:
         """Nothing to prepare."""

@@ -39,12 +39,13 @@ import torch
 from verispec.core import paths
 from verispec.core.notices import waiting
 from verispec.core.tree import DraftTree
-from verispec.core.types import LanguageModel
+from verispec.core.types import BaseDrafter, LanguageModel
 from verispec.errors import ConfigError
 
 __all__ = [
     "DEFAULT_CONTEXTS",
     "DEFAULT_SIZES",
+    "LatencyBound",
     "LatencyTable",
     "choose_budget",
     "device_key",
@@ -411,3 +412,59 @@ def latency_for(
         table = measure_latency(model, sizes, context=contexts)
     table.save(path)
     return table
+
+
+_NEEDS_LATENCY = (
+    "{} is sized by the device and needs the target's latency table: pass "
+    "`latency=verispec.drafters.budget.latency_for(model)`, or run it through "
+    "verispec.SpeculativeDecoder (which binds it), or give a fixed size."
+)
+
+
+class LatencyBound(BaseDrafter):
+    """A drafter that may size its trees by the target's latency table (``"auto"``): the
+    table is given at construction or bound by :meth:`bind_target`.
+
+    :class:`verispec.SpeculativeDecoder` calls ``bind_target(target)`` on the drafter it
+    is given; the table is then read from the on-disk cache, or measured once per model,
+    dtype, device and thread count (:func:`latency_for`). DySpec's ``budget="auto"`` binds
+    it so; :class:`~verispec.drafters.gate.DeviceSized` adds a draft gate.
+    """
+
+    sized_by_device: bool = False
+    _latency: LatencyTable | None = None
+
+    def _size_by_device(self, auto: bool, latency: LatencyTable | None) -> None:
+        """Whether this drafter is sized by the device, and its table if given.
+
+        Raises:
+            ConfigError: ``latency`` is not a :class:`LatencyTable`.
+        """
+        if latency is not None and not isinstance(latency, LatencyTable):
+            raise ConfigError(
+                "`latency` must be the target's latency table "
+                f"(verispec.drafters.budget.latency_for(target)); got {type(latency).__name__}."
+            )
+        self.sized_by_device = auto
+        self.latency = latency
+
+    @property
+    def latency(self) -> LatencyTable | None:
+        """The target's latency table (``None``: not given or bound yet)."""
+        return self._latency
+
+    @latency.setter
+    def latency(self, table: LatencyTable | None) -> None:
+        self._latency = table
+
+    def bind_target(self, target: LanguageModel) -> None:
+        """Read (or measure) ``target``'s latency table if this drafter is sized by the
+        device and has none yet."""
+        if self.sized_by_device and self.latency is None:
+            self._size_by_device(True, latency_for(target))
+
+    def _latency_table(self, what: str) -> LatencyTable:
+        """The table; a clear error naming ``what`` where none was given or bound."""
+        if self._latency is None:
+            raise ConfigError(_NEEDS_LATENCY.format(what))
+        return self._latency

@@ -65,8 +65,6 @@ Shape glossary: N tree nodes, V vocabulary, K candidates per token.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import attrs
 import numpy as np
 import torch
@@ -182,8 +180,6 @@ class DynamicTokenRecycling(DeviceSized):
             ``suffix=True``; at ``propose``, ``"auto"`` with no latency table given or bound.
     """
 
-    needs_draft_model: ClassVar[bool] = False
-
     def __init__(
         self,
         budget: int | str = _DEFAULT.budget,
@@ -214,14 +210,13 @@ class DynamicTokenRecycling(DeviceSized):
             raise ConfigError("`suffix_drafter` is only used with `suffix=True`; got suffix=False.")
         self.budget = budget
         self.k = k
-        self.fusion = fusion
-        self.use_lookup = bool(fusion) and not suffix
-        self.suffix = suffix_drafter if suffix_drafter is not None else SuffixDrafter()
+        self.use_prompt_lookup = bool(fusion) and not suffix
+        self.suffix_drafter = suffix_drafter if suffix_drafter is not None else SuffixDrafter()
         self.use_suffix = bool(suffix)
         self._size_by_device(budget == "auto", latency)
         self.max_budget = max_budget if budget == "auto" else int(budget)
         self.max_depth = max_depth
-        self.lookup = prompt_lookup if prompt_lookup is not None else PromptLookup()
+        self.prompt_lookup = prompt_lookup if prompt_lookup is not None else PromptLookup()
         tr_prior = (
             torch.tensor((0.0, *_TR_EDGES)) + torch.diff(torch.tensor((0.0, *_TR_EDGES, 1.0))) / 2
         )
@@ -234,7 +229,11 @@ class DynamicTokenRecycling(DeviceSized):
             code_to_score(torch.arange(256, dtype=torch.uint8)), self.tr_calibration.edges
         ).tolist()
         # with suffix=True, every source's calibration in two: exclusive and shared nodes
-        self._sources = [self.tr_calibration, self.pld_calibration, *self.suffix.calibrations]
+        self._sources = [
+            self.tr_calibration,
+            self.pld_calibration,
+            *self.suffix_drafter.calibrations,
+        ]
         self._shared = [calibration.fresh() for calibration in self._sources]
         self._last: tuple[DraftTree, list[list[int]]] | None = None  # the tree and its cells
         self.last_values = _NO_VALUES  # values of the last tree's nodes (never written to)
@@ -269,8 +268,8 @@ class DynamicTokenRecycling(DeviceSized):
             self._codes.zero_()
         self.tr_calibration.reset()
         self.pld_calibration.reset()
-        self.lookup.reset()
-        self.suffix.reset()
+        self.prompt_lookup.reset()
+        self.suffix_drafter.reset()
         for calibration in self._shared:
             calibration.reset()
         self._auto_width = self.max_budget
@@ -279,7 +278,7 @@ class DynamicTokenRecycling(DeviceSized):
     def remember(self, tokens: list[int]) -> None:
         """Add a document (e.g. a finished answer) to the suffix corpus (``suffix=True``)."""
         if self.use_suffix:
-            self.suffix.remember(tokens)
+            self.suffix_drafter.remember(tokens)
 
     # -- candidates -------------------------------------------------------------------
 
@@ -335,10 +334,12 @@ class DynamicTokenRecycling(DeviceSized):
             best = sorted(best + [level[i][0] for i in top], reverse=True)[:width]
         return Trie(tokens, parents, values, depths, cells, _COLUMNS)
 
-    def _looked_up(self, tokens: list[int], depth_cap: int) -> Trie:
+    def _prompt_lookup_trie(self, tokens: list[int], depth_cap: int) -> Trie:
         """Prompt-lookup trie with calibrated values (parents first, so a parent's value
         is known before its children's)."""
-        toks, parents, depths, share, _ = self.lookup.candidate_lists(tokens, max_depth=depth_cap)
+        toks, parents, depths, share, _ = self.prompt_lookup.candidate_lists(
+            tokens, max_depth=depth_cap
+        )
         if not toks:  # no match: nothing to value
             return Trie.empty(_COLUMNS)
         cal = self.pld_calibration
@@ -359,10 +360,10 @@ class DynamicTokenRecycling(DeviceSized):
 
     def begin(self, state: DecodeState) -> None:
         """Index the prompt for fusion; the matrix and calibration carry over (hot start)."""
-        if self.use_lookup:
-            self.lookup.begin(state)
+        if self.use_prompt_lookup:
+            self.prompt_lookup.begin(state)
         if self.use_suffix:
-            self.suffix.begin(state)
+            self.suffix_drafter.begin(state)
         self._last = None
         if self.gate is not None:
             self.gate.reset()
@@ -388,10 +389,10 @@ class DynamicTokenRecycling(DeviceSized):
         trie = self._recycled(state.tokens[-1], width, depth_cap)
         if width > 0 and trie.num_nodes > width:  # the top `width` of the beam: a connected tree
             trie = trie.take(sorted(trie.by_value()[:width]))
-        if self.use_lookup and width > 0:
-            trie = trie.fuse(self._looked_up(state.tokens, depth_cap))
+        if self.use_prompt_lookup and width > 0:
+            trie = trie.fuse(self._prompt_lookup_trie(state.tokens, depth_cap))
         if self.use_suffix and width > 0:
-            found = self.suffix.candidates(state.tokens, width, depth_cap)
+            found = self.suffix_drafter.candidates(state.tokens, width, depth_cap)
             trie = revalue(fuse(Candidates.from_trie(trie), found.placed(_COLUMNS, _SUFFIX)),
                            self._sources, self._shared).to_trie()  # fmt: skip
         order = trie.by_value()  # parents first
@@ -441,13 +442,13 @@ class DynamicTokenRecycling(DeviceSized):
                                     self._shared)  # fmt: skip
             else:
                 self.tr_calibration.count([c[_TR] for c in cells], tried, hit)
-                if self.use_lookup:
+                if self.use_prompt_lookup:
                     self.pld_calibration.count([c[_PLD] for c in cells], tried, hit)
         self._last = None
-        if self.use_lookup:
-            self.lookup.observe(outcome)
+        if self.use_prompt_lookup:
+            self.prompt_lookup.observe(outcome)
         if self.use_suffix:
-            self.suffix.sync(outcome.state.tokens)
+            self.suffix_drafter.sync(outcome.state.tokens)
 
     def reset_vocabulary(self, vocab_size: int) -> None:
         """Reallocate the matrix for a target with another vocabulary (forgets it)."""

@@ -80,13 +80,10 @@ from verispec.drafters._draft_model import (
     processed_probs,
     race_keys,
 )
-from verispec.drafters.budget import LatencyTable
+from verispec.drafters.budget import LatencyBound, LatencyTable
 from verispec.errors import ConfigError
 
 __all__ = ["DySpec", "DySpecOptions"]
-
-_THRESHOLD_DEFAULT_BUDGET = 128
-_DEFAULT_BUDGET = 16  # Algorithm 1 when neither budget nor threshold is given
 
 
 def _stops_at(n: int, total: float, next_value: float, seconds: list[float]) -> bool:
@@ -108,16 +105,20 @@ def _stops_at(n: int, total: float, next_value: float, seconds: list[float]) -> 
     )
 
 
+_SIZE = 16  # Algorithm 1's m when neither budget nor threshold is given
+_THRESHOLD_CAP = 128  # Algorithm 2's cap when no budget is given
+
+
 @attrs.frozen(kw_only=True)
 class DySpecOptions:
-    """DySpec's parameters, checked."""
+    """DySpec's parameters, checked (the one description of them)."""
 
     budget: int | str | None = option(
         None,
         or_none(integer_or_auto),
         1,
-        help=f"tree size m ({_DEFAULT_BUDGET} when no threshold is given; with one, a cap, "
-        f"{_THRESHOLD_DEFAULT_BUDGET} if unset), or auto (latency table)",
+        help=f"tree size m ({_SIZE} when no threshold is given; with one, a cap, "
+        f"{_THRESHOLD_CAP} if unset), or auto (latency table)",
     )
     threshold: float | None = option(
         None,
@@ -130,22 +131,40 @@ class DySpecOptions:
     max_depth: int | None = option(None, or_none(integer), 1, help="cap on the tree depth")
     max_budget: int = option(64, integer, 1, help="most nodes `budget=auto` may grow")
 
+    def __attrs_post_init__(self) -> None:
+        if self.budget == "auto" and self.threshold is not None:
+            raise ConfigError(
+                "`budget='auto'` applies to Algorithm 1 only; got a `threshold` too. "
+                "Give an integer `budget` as the threshold variant's cap, or drop `threshold`."
+            )
+
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes a step may hold: ``budget``, ``max_budget`` with ``"auto"``; when
+        ``budget`` is unset, 16 (Algorithm 1) or, with a threshold, a cap of 128."""
+        if self.budget == "auto":
+            return self.max_budget
+        if self.budget is not None:
+            return int(self.budget)
+        return _SIZE if self.threshold is None else _THRESHOLD_CAP
+
 
 _DEFAULT = DySpecOptions()  # the defaults of DySpec's arguments
 
 
-class DySpec(DraftModelDrafter):
+class DySpec(DraftModelDrafter, LatencyBound):
     """DySpec draft trees: fixed size (Algorithm 1) or threshold (Algorithm 2, corrected).
 
     Args:
         draft: the draft model (same vocabulary as the target).
         budget: the tree size ``m`` of Algorithm 1 (default 16); with ``threshold``, a cap
-            on the size (default 128 then). ``"auto"``: Algorithm 1 stops where the target's latency
-            table says expected tokens per second peak (see the module notes).
+            on the size (default 128 then). ``"auto"``: Algorithm 1 stops where the target's
+            latency table says expected tokens per second peak (see the module notes).
         threshold: ``t`` in (0, 1): use Algorithm 2, expanding every slot with ``v > t``.
         max_depth: optional cap on the depth of the tree.
-        latency: the *target's* :class:`~verispec.drafters.budget.LatencyTable`, needed
-            by ``budget="auto"`` (``verispec.drafters.budget.latency_for(target)``).
+        latency: the *target's* :class:`~verispec.drafters.budget.LatencyTable` for
+            ``budget="auto"``; by default :class:`verispec.SpeculativeDecoder` binds it
+            (``bind_target``: ``verispec.drafters.budget.latency_for(model)``).
         max_budget: most nodes ``"auto"`` may grow.
 
     Attributes:
@@ -156,9 +175,10 @@ class DySpec(DraftModelDrafter):
         max_budget: the most nodes a step may hold: ``budget``, or the cap of ``"auto"``.
 
     Raises:
-        ConfigError: an argument out of range, ``"auto"`` without a latency table, or
-            ``"auto"`` with a threshold (Algorithm 2 grows level by level, not in value
-            order, so no prefix rule applies).
+        ConfigError: an argument out of range, a ``latency`` that is not a latency table,
+            or ``"auto"`` with a threshold (Algorithm 2 grows level by level, not in value
+            order, so no prefix rule applies); at ``propose``, ``"auto"`` with no latency
+            table given or bound.
     """
 
     def __init__(
@@ -172,31 +192,13 @@ class DySpec(DraftModelDrafter):
         max_budget: int = _DEFAULT.max_budget,
     ) -> None:
         super().__init__(draft)
-        if budget is None and threshold is None:
-            budget = _DEFAULT_BUDGET  # Algorithm 1 with 16 nodes, as the options' help says
         self.options = DySpecOptions(
             budget=budget, threshold=threshold, max_depth=max_depth, max_budget=max_budget
         )
-        self.latency: LatencyTable | None = None
-        if budget == "auto":
-            if threshold is not None:
-                raise ConfigError(
-                    "`budget='auto'` applies to Algorithm 1 only; got a `threshold` too. "
-                    "Give an integer `budget` as the threshold variant's cap, or drop `threshold`."
-                )
-            if not isinstance(latency, LatencyTable):
-                raise ConfigError(
-                    "`budget='auto'` needs the target's latency table; pass "
-                    "`latency=verispec.drafters.budget.latency_for(target)`."
-                )
-            self.latency = latency
-            budget = max_budget
+        self._size_by_device(budget == "auto", latency)
         self.threshold = None if threshold is None else float(threshold)
-        if budget is None:
-            budget = _THRESHOLD_DEFAULT_BUDGET
-        size = int(budget)
-        self.budget: int | str = "auto" if self.latency is not None else size
-        self.max_budget = size  # the most nodes a step may hold
+        self.max_budget = self.options.max_nodes  # the most nodes a step may hold
+        self.budget: int | str = "auto" if self.sized_by_device else self.max_budget
         self._seconds: list[float] = []  # T(0..M) for the last cap M and context, with "auto"
         self._seconds_for: tuple[int, int] = (-1, -1)  # (M, context) of _seconds
         self._context = 0  # committed tokens at this step (T grows with it)
@@ -207,7 +209,7 @@ class DySpec(DraftModelDrafter):
         self._keys: Callable[[torch.Tensor, torch.Generator], torch.Tensor] = race_keys
 
     def __repr__(self) -> str:
-        if self.latency is not None:
+        if self.sized_by_device:
             return f"DySpec(budget='auto', max_budget={self.max_budget})"
         if self.threshold is None:
             return f"DySpec(budget={self.budget})"
@@ -318,11 +320,12 @@ class DySpec(DraftModelDrafter):
 
         Read again when the context has grown by 64 tokens (attention's share grows with it).
         """
-        if self.latency is None:
+        if not self.sized_by_device:
             return []
         wanted = (limit, self._context // 64)
         if self._seconds_for != wanted:
-            times = self.latency.at(torch.arange(limit + 1), context=64 * wanted[1])
+            table = self._latency_table("DySpec(budget='auto')")
+            times = table.at(torch.arange(limit + 1), context=64 * wanted[1])
             self._seconds, self._seconds_for = times.tolist(), wanted
         return self._seconds
 

@@ -42,10 +42,10 @@ from collections.abc import Callable
 
 from verispec.core.tree import DraftTree
 from verispec.core.types import StepOutcome
-from verispec.drafters.budget import LatencyTable, choose_budget
+from verispec.drafters.budget import LatencyBound, LatencyTable, choose_budget
 from verispec.errors import ConfigError
 
-__all__ = ["DraftGate"]
+__all__ = ["DeviceSized", "DraftGate"]
 
 OVERHEAD_STEPS = 15
 """The drafter's own seconds on a step that sends nodes (:meth:`DraftGate.overhead`) are
@@ -210,27 +210,21 @@ class DraftGate:
             self._left = self.skip
 
 
-class DeviceSized:
-    """What a drafter sized by the device (``"auto"``) holds: the target's latency table and
-    a :class:`DraftGate`, given at construction or by :meth:`bind_target`.
-
-    :class:`verispec.SpeculativeDecoder` calls ``bind_target(target)`` on the drafter it
-    is given; the table is then read from the on-disk cache, or measured once per model,
-    dtype, device and thread count (:func:`~verispec.drafters.budget.latency_for`).
-    """
+class DeviceSized(LatencyBound):
+    """What a drafter sized by the device (``"auto"``) holds: the target's latency table
+    (:class:`~verispec.drafters.budget.LatencyBound`: given at construction or bound by
+    ``bind_target``) and a :class:`DraftGate` on it."""
 
     gate: DraftGate | None = None
-    sized_by_device: bool = False
-    _latency: LatencyTable | None = None
 
     def _size_by_device(self, auto: bool, latency: LatencyTable | None) -> None:
-        self.sized_by_device = auto
         self.gate = None
-        self.latency = latency
+        super()._size_by_device(auto, latency)
 
     @property
     def latency(self) -> LatencyTable | None:
-        """The target's latency table (``None``: not given or bound yet)."""
+        """The target's latency table (``None``: not given or bound yet); setting it
+        makes or updates the gate."""
         return self._latency
 
     @latency.setter
@@ -242,14 +236,6 @@ class DeviceSized:
             self.gate = DraftGate(table)
         else:
             self.gate.latency = table
-
-    def bind_target(self, target: object) -> None:
-        """Read (or measure) ``target``'s latency table if this drafter is sized by the
-        device and has none yet."""
-        if self.sized_by_device and self.latency is None:
-            from verispec.drafters.budget import latency_for
-
-            self._size_by_device(True, latency_for(target))  # type: ignore[arg-type]
 
     def _budget(self, values: list[float], context: int) -> int:
         """How many of the nodes valued ``values`` (largest first) to send after
@@ -298,9 +284,6 @@ class DeviceSized:
     def _gate(self, what: str) -> DraftGate:
         """The gate; a clear error where no latency table was given or bound."""
         if self.gate is None:
-            raise ConfigError(
-                f"{what} is sized by the device and needs the target's latency table: pass "
-                "`latency=verispec.drafters.budget.latency_for(model)`, or run it through "
-                "verispec.SpeculativeDecoder (which binds it), or give a fixed size."
-            )
+            self._latency_table(what)  # raises where no table was given or bound
+            raise ConfigError(f"{what} is not sized by the device: it has no draft gate.")
         return self.gate

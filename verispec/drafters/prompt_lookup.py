@@ -34,8 +34,6 @@ Shape glossary: N tree nodes, M trie nodes.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import attrs
 import torch
 
@@ -170,8 +168,6 @@ class PromptLookup(DeviceSized):
     Raises:
         ConfigError: an argument out of range.
     """
-
-    needs_draft_model: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -60,13 +60,12 @@ import itertools
 import math
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
 
 import attrs
 import torch
 
 from verispec.core.tree import DraftTree
-from verispec.core.types import DecodeState, StepOutcome
+from verispec.core.types import BaseDrafter, DecodeState, StepOutcome
 from verispec.core.validate import integer, number, option, or_none
 from verispec.drafters.candidates import (
     Calibration,
@@ -118,7 +117,7 @@ class SuffixOptions(CalibrationOptions):
 _DEFAULT = SuffixOptions()  # the defaults of SuffixDrafter's arguments
 
 
-class SuffixDrafter:
+class SuffixDrafter(BaseDrafter):
     """Suffix-automaton drafter over the context and a shared corpus.
 
     Args:
@@ -134,8 +133,6 @@ class SuffixDrafter:
     Raises:
         ConfigError: an argument out of range.
     """
-
-    needs_draft_model: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -65,7 +65,7 @@ Shape glossary: N tree nodes, V vocabulary, K candidates per token.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 import torch
@@ -251,8 +251,6 @@ class TokenRecycling(DeviceSized):
         TreeStructureError: an invalid template path (named in the message).
         KernelUnavailableError: ``kernels="triton"`` where Triton cannot run.
     """
-
-    needs_draft_model: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -18,6 +18,7 @@ from verispec.errors import TreeStructureError
 from verispec.kernels import reference
 from verispec.kernels.backend import backend_for, interpreting, kernel_module, launch_device
 from verispec.kernels.block_order import block_states
+from verispec.kernels.dtypes import FLOAT_DTYPES
 
 __all__ = [
     "attention_blocks",
@@ -28,7 +29,6 @@ __all__ = [
     "triton_cdiv",
 ]
 
-_ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MIN_SPLIT_KEYS = 256  # fewer prefix keys per program than this is not worth a second launch
 
 
@@ -144,8 +144,8 @@ def tree_attention(
     kt, vt = _as_4d(tree_key, "tree_key"), _as_4d(tree_value, "tree_value")
     _batch, heads, n, d = q.shape
     kv_heads, s = kp.shape[1], kp.shape[2]
-    if q.dtype not in _ATTENTION_DTYPES or any(t.dtype != q.dtype for t in (kp, vp, kt, vt)):
-        raise _fail(f"tensors must share one dtype among {_ATTENTION_DTYPES}; query is {q.dtype}.")
+    if q.dtype not in FLOAT_DTYPES or any(t.dtype != q.dtype for t in (kp, vp, kt, vt)):
+        raise _fail(f"tensors must share one dtype among {FLOAT_DTYPES}; query is {q.dtype}.")
     if kv_heads == 0 or heads % kv_heads or tuple(kt.shape[1:]) != (kv_heads, n, d):
         raise _fail(
             f"`tree_key` must have shape (B, H_kv, N, D) = (B, H_kv, {n}, {d}) with H = {heads} "

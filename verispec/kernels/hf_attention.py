@@ -34,6 +34,7 @@ import torch
 
 from verispec.kernels.backend import interpreting, tree_attention_backend
 from verispec.kernels.block_order import block_states
+from verispec.kernels.dtypes import FLOAT_DTYPES
 from verispec.kernels.ops import attention_blocks, launch_tree_attention
 
 __all__ = [
@@ -45,7 +46,6 @@ __all__ = [
 ]
 
 NAME = "verispec"
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _warned: set[str] = set()
 # The mask object of the current forward pass and its tile tables: every layer gets
 # the same mask tensor, so the tables are built once per pass. The strong reference
@@ -116,7 +116,7 @@ def _fallback_reason(
             return f"`{name}` is not supported"
     if kwargs.get("cache") is not None:
         return "paged KV caches are not supported"
-    if query.dtype not in _DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+    if query.dtype not in FLOAT_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
         return f"dtype {query.dtype} is not supported"
     heads, q_len, head_dim = query.shape[1], query.shape[2], query.shape[3]
     kv_heads, kv_len = key.shape[1], key.shape[2]

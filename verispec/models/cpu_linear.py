@@ -224,7 +224,7 @@ def quantize_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor:
 def holds_blocks(model: nn.Module) -> bool:
     """Whether the block kernel runs here and ``model``'s first ``nn.Linear`` (CPU, float32)
     is exactly Q4_1 or Q8_0 blocks: a GGUF file's weights, dequantized. Then float32 reads
-    the file's blocks (:func:`~verispec.models.runtime.auto_dtype`)."""
+    the file's blocks (:func:`~verispec.kernels.dtypes.auto_dtype`)."""
     first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
     if first is None or first.weight.device.type != "cpu" or not kernel_status()[0]:
         return False

@@ -29,10 +29,9 @@ import torch
 from verispec.core import paths
 from verispec.core.notices import notice
 from verispec.errors import ConfigError, ModelFileError
-from verispec.kernels.cpu_features import default_dtype
+from verispec.kernels.dtypes import auto_dtype
 from verispec.models import gguf
-from verispec.models.cpu_linear import kernel_status
-from verispec.models.runtime import auto_dtype
+from verispec.models.cpu_linear import holds_blocks, kernel_status
 from verispec.models.target import DType, Runtime, check_dtype, check_runtime, make_target
 
 __all__ = ["check_model", "load_model", "model_source"]
@@ -131,7 +130,10 @@ def load_model(
         tokenizer: a directory holding the tokenizer, when ``path`` has none (or another
             one is wanted).
         dtype, device, runtime, max_length, cache_dir, compile, keep_source, weights: as for
-            :func:`~verispec.models.default.load_default_model`.
+            :func:`~verispec.models.default.load_default_model`. ``dtype="auto"`` is decided
+            by the weights (:func:`~verispec.kernels.dtypes.auto_dtype`), for a directory as
+            for a GGUF file: they are read in float32 where GGUF blocks would keep it, and
+            cast to the rule's dtype if they are not blocks.
 
     Returns:
         ``(model, tokenizer)``: a :class:`~verispec.models.FastModel` (or an
@@ -149,29 +151,30 @@ def load_model(
     check_runtime(runtime)
     dtype = check_dtype(dtype)
     kind, source = model_source(path)
+    what = f"the converted copy of `{path}`" if kind == "gguf" else f"`{path}`"
     auto = dtype == "auto"
-    if auto:  # a GGUF file's blocks on a CPU: read in float32, then decided (auto_dtype)
-        gguf_blocks = kind == "gguf" and torch.device(device).type == "cpu"
-        dtype = torch.float32 if gguf_blocks and kernel_status()[0] else default_dtype(device)
+    if auto:  # the weights decide (auto_dtype): read in float32 where blocks would keep it
+        dtype = auto_dtype(device, blocks=kernel_status()[0])
     if kind == "gguf":
         root = Path(cache_dir).expanduser() if cache_dir is not None else paths.cache_dir()
         converted = gguf.converted_dir(source, root)
         if not (converted / "config.json").is_file():
             gguf.convert(source, converted)
         try:
-            hf_model = _read_causal_lm(converted, dtype, f"the converted copy of `{path}`")
+            hf_model = _read_causal_lm(converted, dtype, what)
         except ModelFileError as exc:  # a damaged cache entry: made again from the file
             notice(f"{exc}; converting `{path}` again")
             shutil.rmtree(converted, ignore_errors=True)
             gguf.convert(source, converted)
-            hf_model = _read_causal_lm(converted, dtype, f"the converted copy of `{path}`")
+            hf_model = _read_causal_lm(converted, dtype, what)
         source = converted
     else:
-        hf_model = _read_causal_lm(source, dtype, f"`{path}`")
+        hf_model = _read_causal_lm(source, dtype, what)
     hf_model = hf_model.to(device)
-    if auto and dtype == torch.float32 and kind == "gguf":
-        dtype = auto_dtype(hf_model, device)  # float32 only where the blocks are found
-        hf_model = hf_model.to(dtype)
+    if auto and dtype == torch.float32:  # float32 only where the blocks are found
+        dtype = auto_dtype(device, blocks=holds_blocks(hf_model))
+        if dtype != torch.float32:  # cast only then: `to` casts the buffers too
+            hf_model = hf_model.to(dtype)
     tokenizer_source = Path(tokenizer).expanduser() if tokenizer is not None else source
     try:
         loaded_tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))

@@ -31,10 +31,10 @@ switchable off; :class:`FastModel` chooses them once, when it is built:
 
 How many rows each pass and product runs on, so that a token's logits are the same in a
 1-node and a 60-node step, is :mod:`verispec.models.invariance`'s rule. ``dtype="auto"``
-(:func:`auto_dtype`) picks float32 where the weights are a GGUF file's blocks and the block
-kernel runs (the products read the blocks: the fastest choice, and exact), else bfloat16
-only where the CPU multiplies it natively (AVX-512 BF16 or AMX) and float32 elsewhere
-(:func:`~verispec.kernels.cpu_features.default_dtype`).
+(:func:`~verispec.kernels.dtypes.auto_dtype`) picks float32 where the weights are a GGUF
+file's blocks and the block kernel runs (the products read the blocks: the fastest choice,
+and exact), else bfloat16 only where the CPU multiplies it natively (AVX-512 BF16 or AMX)
+and float32 elsewhere (:func:`~verispec.kernels.cpu_features.default_dtype`).
 
 Shape glossary: N tree nodes, V vocabulary, Q fed tokens, E model width.
 """
@@ -45,6 +45,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
 
@@ -52,7 +53,7 @@ from verispec.core.notices import waiting
 from verispec.core.tree import DraftTree
 from verispec.core.validate import boolean, integer
 from verispec.errors import ConfigError
-from verispec.kernels.cpu_features import default_dtype
+from verispec.kernels.dtypes import FLOAT_DTYPES, auto_dtype, dtype_names
 from verispec.kernels.ops import compact_kv
 from verispec.models._compiled import CompiledForward
 from verispec.models._graphs import GraphedForward
@@ -78,7 +79,7 @@ from verispec.models.invariance import (
 from verispec.models.llama import AttentionKernel, KVCache, PassKind, Transformer, from_hf
 from verispec.models.onednn import PackedLinear, can_prepack, prepack_linears
 
-__all__ = ["PROMPT_PASS_TOKENS", "WEIGHTS", "FastModel", "auto_dtype", "prompt_pass_tokens"]
+__all__ = ["PROMPT_PASS_TOKENS", "WEIGHTS", "FastModel", "prompt_pass_tokens"]
 
 _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
 # Prompt tokens per prefill pass: bounds the activations (8,192 rows of the gate/up
@@ -118,8 +119,8 @@ class FastModel(TreeSequenceModel):
         hf_model: ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM``
             (SmolLM2 is a Llama).
         dtype: weight dtype: ``torch.float32``, ``torch.bfloat16``, ``torch.float16``,
-            ``torch.float64`` or ``"auto"`` (:func:`auto_dtype`: float32 for a GGUF file's
-            blocks on a CPU the block kernel runs on, else
+            ``torch.float64`` or ``"auto"`` (:func:`~verispec.kernels.dtypes.auto_dtype`:
+            float32 for a GGUF file's blocks on a CPU the block kernel runs on, else
             :func:`~verispec.kernels.cpu_features.default_dtype`); ``None`` keeps the
             source model's.
         max_length: cap on the context (prompt plus generated plus tree); defaults to
@@ -185,12 +186,9 @@ class FastModel(TreeSequenceModel):
             context = min(context, max_length)
         device = next(hf_model.parameters()).device
         if dtype == "auto":
-            dtype = auto_dtype(hf_model, device)
-        if dtype is not None and dtype not in _DTYPES:
-            raise ConfigError(
-                f"`dtype` must be one of float32, bfloat16, float16, float64 or 'auto'; "
-                f"got {dtype!r}."
-            )
+            dtype = auto_dtype(device, blocks=holds_blocks(hf_model))
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            raise ConfigError(f"`dtype` must be one of {dtype_names()} or 'auto'; got {dtype!r}.")
         if prepack not in (True, False, "auto"):
             raise ConfigError(f"`prepack` must be True, False or 'auto'; got {prepack!r}.")
         if cuda_graphs not in (True, False, "auto"):
@@ -211,10 +209,15 @@ class FastModel(TreeSequenceModel):
         packed = bool(prepack) and can_prepack(device, weight_dtype)
         if packed:
             packed = prepack_linears(transformer) > 0
-        shared = _Shared(transformer, hf_model if keep_source else None, packed=packed)
-        shared.blocks = blocks
-        shared.config, shared.source_name = config, type(hf_model).__name__
-        shared.eos_token_id = _eos_token_id(hf_model)
+        shared = _SharedRuntime(
+            transformer,
+            hf_model if keep_source else None,
+            packed,
+            config=config,
+            source_name=type(hf_model).__name__,
+            eos_token_id=_eos_token_id(hf_model),
+            blocks=blocks,
+        )
         # What runs around the plain forward, chosen here once: compiled or graphed buckets,
         # then each attention's kernel and the C layers.
         if compile:
@@ -224,7 +227,7 @@ class FastModel(TreeSequenceModel):
             shared.wrapper = CompiledForward(transformer)
         elif cuda_graphs is True or (cuda_graphs == "auto" and device.type == "cuda"):
             shared.wrapper = GraphedForward(transformer)
-        shared.cpu_attention = (
+        shared.uses_cpu_attention = (
             attention == "auto"
             and shared.wrapper is None
             and device.type == "cpu"
@@ -233,27 +236,29 @@ class FastModel(TreeSequenceModel):
         )
         kernel = (
             AttentionKernel.C
-            if shared.cpu_attention
+            if shared.uses_cpu_attention
             else AttentionKernel.OPAQUE
             if compile
             else AttentionKernel.TORCH
         )
         for block in transformer.blocks:
             block.attention.kernel = kernel
-        if shared.cpu_attention:  # every layer in one C call, where the blocks allow it
+        if shared.uses_cpu_attention:  # every layer in one C call, where the blocks allow it
             transformer.cpu_layers = LayerKernel.for_blocks(transformer.blocks)
         layers = transformer.cpu_layers
-        shared.cpu_layers = layers is not None
-        shared.c_decode = bool(layers and shared.min_rows == 1 and layers.runs_head(transformer))
+        shared.uses_cpu_layers = layers is not None
+        shared.uses_c_decode = bool(
+            layers and shared.min_rows == 1 and layers.runs_head(transformer)
+        )
         self._setup(shared, context, tuple(range(transformer.args.n_layers)))
 
     @classmethod
-    def _view(cls, shared: _Shared, max_length: int, layers: tuple[int, ...]) -> FastModel:
+    def _view(cls, shared: _SharedRuntime, max_length: int, layers: tuple[int, ...]) -> FastModel:
         view = cls.__new__(cls)
         view._setup(shared, max_length, layers)
         return view
 
-    def _setup(self, shared: _Shared, max_length: int, layers: tuple[int, ...]) -> None:
+    def _setup(self, shared: _SharedRuntime, max_length: int, layers: tuple[int, ...]) -> None:
         self._shared = shared
         self.transformer = shared.transformer
         self.hf_model = shared.hf_model
@@ -318,9 +323,9 @@ class FastModel(TreeSequenceModel):
         blocks = "+GGUF blocks" if self._shared.blocks else ""
         attention = (
             "+C layers"
-            if self._shared.cpu_layers
+            if self._shared.uses_cpu_layers
             else "+C attention"
-            if self._shared.cpu_attention
+            if self._shared.uses_cpu_attention
             else ""
         )
         return name + blocks + ("+oneDNN" if self._shared.packed else "") + attention
@@ -329,7 +334,7 @@ class FastModel(TreeSequenceModel):
     def kernel_id(self) -> str:
         """The C kernels' source hash (:func:`~verispec.models.cpu_linear.source_id`) where
         the forward runs them, else ``""``: latency tables are keyed by it."""
-        return source_id() if self._shared.blocks or self._shared.cpu_attention else ""
+        return source_id() if self._shared.blocks or self._shared.uses_cpu_attention else ""
 
     @property
     def setup_s(self) -> float:
@@ -397,7 +402,7 @@ class FastModel(TreeSequenceModel):
         """With the C layers and a block-product head (eager CPU, float32), the whole step
         in one C call (:meth:`~verispec.models.llama.Transformer.decode_step`): no mask,
         index or position tensor is built, no torch operator runs around it."""
-        if not self._shared.c_decode:
+        if not self._shared.uses_c_decode:
             return None
         start = self._cached  # as _feed_once places the rows: from slot `visible`, unpadded
         self._reserve(-(-(start + 1 + tree.num_nodes) // _SLOT_ALIGN) * _SLOT_ALIGN)
@@ -493,19 +498,6 @@ class FastModel(TreeSequenceModel):
         )
 
 
-def auto_dtype(hf_model: nn.Module, device: str | torch.device) -> torch.dtype:
-    """What ``dtype="auto"`` picks for ``hf_model``: float32 where its weights are a GGUF
-    file's Q4_1 / Q8_0 blocks and the block kernel runs (the products then read the blocks,
-    a sixth of float32's bytes, and the model is exact: on the Zen 5 EPYC the embedded
-    model's ``ar`` ran at 58.0 tokens/s against 22.8 in bfloat16), else
-    :func:`~verispec.kernels.cpu_features.default_dtype` (bfloat16 on a GPU or a CPU that
-    multiplies it natively, float32 elsewhere)."""
-    if torch.device(device).type == "cpu" and holds_blocks(hf_model):
-        return torch.float32
-    return default_dtype(device)
-
-
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 WEIGHTS = ("auto", "blocks", "dense", "q4_1")
 """How :class:`FastModel` reads float32 weights on the CPU (its ``weights`` argument)."""
 
@@ -551,24 +543,33 @@ def _use_blocks(transformer: Transformer, weights: str, device: torch.device) ->
     return count
 
 
-class _Shared:
-    """What a model and its self-draft views share: weights, the source, compiled graphs."""
+def _min_rows(runtime: _SharedRuntime) -> int:
+    """Tokens a pass runs on at least (the rule: :mod:`verispec.models.invariance`)."""
+    args = runtime.transformer.args
+    return min_pass_tokens(runtime.transformer, args.n_heads // args.n_kv_heads)
 
-    def __init__(self, transformer: Transformer, hf_model: Any, *, packed: bool) -> None:
-        self.transformer = transformer
-        self.hf_model = hf_model  # None: dropped (keep_source=False)
-        self.config: Any = None  # the source's config, its class name, its eos ids
-        self.source_name = ""
-        self.eos_token_id: Any = None
-        self.packed = packed
-        self.blocks = 0  # products that read GGUF blocks (FastModel's ``weights``)
-        self.cpu_attention = False  # the attention in one C call a layer (``attention``)
-        self.cpu_layers = False  # ... and, with every product in blocks, the whole layer
-        self.c_decode = False  # ... and with a block head, a decoding step in one C call
-        self.wrapper: BucketedForward | None = None  # compiled or graphed; None: eager
-        # Tokens a pass runs on at least (the rule: verispec.models.invariance).
-        args = transformer.args
-        self.min_rows = min_pass_tokens(transformer, args.n_heads // args.n_kv_heads)
+
+@attrs.define(eq=False)
+class _SharedRuntime:
+    """The runtime a :class:`FastModel` and its self-draft views share, built once: the
+    weights (``transformer``), the source model and its metadata, and what runs around the
+    plain forward (which kernels, the compiled or graphed wrapper). Each model keeps its
+    own caches and sequence; this holds nothing of a sequence."""
+
+    transformer: Transformer
+    hf_model: Any  # None: dropped (keep_source=False)
+    packed: bool  # the products are prepacked for oneDNN
+    config: Any = None  # the source's config
+    source_name: str = ""  # the source's class name
+    eos_token_id: Any = None
+    blocks: int = 0  # products that read GGUF blocks (FastModel's ``weights``)
+    uses_cpu_attention: bool = False  # the attention in one C call a layer (``attention``)
+    uses_cpu_layers: bool = False  # ... and, with every product in blocks, the whole layer
+    uses_c_decode: bool = False  # ... and with a block head, a decoding step in one C call
+    wrapper: BucketedForward | None = None  # compiled or graphed; None: eager
+    min_rows: int = attrs.field(
+        init=False, default=attrs.Factory(_min_rows, takes_self=True)
+    )  # tokens a pass runs on at least
 
     def bucket(self, queries: int) -> int:
         """Rows one forward computes for ``queries`` tokens (padding included)."""

@@ -16,6 +16,7 @@ import torch
 
 from verispec.core.validate import choice
 from verispec.errors import UnsupportedModelError
+from verispec.kernels.dtypes import FLOAT_DTYPES
 from verispec.models.hf import HFModel
 from verispec.models.runtime import FastModel
 
@@ -35,10 +36,9 @@ runtime, the adapter; checked by :func:`check_runtime`."""
 RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
 
 DType = Literal["float32", "bfloat16", "float16", "auto"]
-"""A weight dtype by name (``"auto"``: :func:`~verispec.kernels.cpu_features.default_dtype`);
+"""A weight dtype by name (``"auto"``: :func:`~verispec.kernels.dtypes.auto_dtype`);
 checked by :func:`check_dtype`."""
 DTYPES: tuple[DType, ...] = get_args(DType)
-_TORCH_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def check_runtime(value: object, name: str = "runtime") -> Runtime:
@@ -49,10 +49,11 @@ def check_runtime(value: object, name: str = "runtime") -> Runtime:
 
 def check_dtype(value: object, name: str = "dtype") -> torch.dtype | Literal["auto"]:
     """A dtype name of :data:`DTYPES` as its ``torch.dtype`` (``"auto"`` kept), or one of
-    float32, bfloat16, float16, float64 as given; else :class:`ConfigError` naming ``name``."""
-    if isinstance(value, torch.dtype) and value in _TORCH_DTYPES:
+    :data:`~verispec.kernels.dtypes.FLOAT_DTYPES` as given; else :class:`ConfigError` naming
+    ``name``."""
+    if isinstance(value, torch.dtype) and value in FLOAT_DTYPES:
         return value
-    shown = ", ".join(map(str, _TORCH_DTYPES))
+    shown = ", ".join(map(str, FLOAT_DTYPES))
     checked = choice(name, value, DTYPES, note=f" or one of {shown}")
     return "auto" if checked == "auto" else getattr(torch, checked)
 
@@ -75,7 +76,7 @@ def make_target(
             :class:`HFModel` adapter) or ``"auto"``: the runtime where it supports the
             architecture, the adapter elsewhere.
         dtype: for the runtime, the weight dtype (``"auto"``:
-            :func:`~verispec.models.runtime.auto_dtype`, float32 where the weights are a
+            :func:`~verispec.kernels.dtypes.auto_dtype`, float32 where the weights are a
             GGUF file's blocks the CPU kernel reads, else bfloat16 where the CPU multiplies
             it natively and float32 elsewhere; ``None``: the model's own). The adapter runs
             the model in its own dtype.

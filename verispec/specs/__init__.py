@@ -74,9 +74,10 @@ def drafter(
         spec: e.g. ``"tr"``, ``"tr:template=16"``, ``"dtr:budget=auto"``, ``"pld:max=10"``,
             ``"dyspec:budget=24"``. ``"ar"`` builds no drafter (``None``: plain decoding).
         target: the model the drafter drafts for. Token Recycling needs its vocabulary
-            size, ``budget=auto`` its measured latency, and the draft-model methods
-            (``chain``, ``specinfer``, ``dyspec``, ``rsdc``, ``rsds``) build their default
-            draft from it: a self-draft running ``draft_layers`` of its layers.
+            size, and the draft-model methods (``chain``, ``specinfer``, ``dyspec``,
+            ``rsdc``, ``rsds``) build their default draft from it: a self-draft running
+            ``draft_layers`` of its layers. A size of ``auto`` reads its measured latency
+            when the decoder binds the drafter to it (``bind_target``).
         draft_model: a separate draft model (a :class:`~verispec.core.types.LanguageModel`
             with the target's vocabulary, e.g. ``verispec.models.make_target(small_hf)``)
             for the draft-model methods, instead of the self-draft.

@@ -124,11 +124,6 @@ def _draft(name: str, target: Any, layers: str | None, draft_model: Any) -> Any:
 def _drafted(name: str, cls: type) -> Make:
     def make(target: Any, params: dict[str, Any], draft_model: Any = None) -> Any:
         kwargs = _kwargs(params)
-        if name == "dyspec" and kwargs.get("budget") == "auto" and kwargs.get("threshold") is None:
-            from verispec.drafters.budget import latency_for
-
-            _needs_target("dyspec", target, "its latency, for budget=auto")
-            kwargs["latency"] = latency_for(target)  # the target's, cached per device
         draft = _draft(name, target, kwargs.pop("draft_layers", None), draft_model)
         return cls(draft, **kwargs)
 

@@ -20,14 +20,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from verispec.bench.commands import target
-from verispec.bench.commands.flags import add_generation_options, bench_config, int_arg
+from verispec.bench.commands.flags import (
+    BENCH_THREADS,
+    add_generation_options,
+    bench_config,
+    int_arg,
+)
 from verispec.bench.commands.outputs import (
     add_output_options,
     check_outputs,
     show_report,
     write_outputs,
 )
-from verispec.bench.methods import METHODS
+from verispec.bench.methods import METHODS, check_available
 from verispec.bench.prompts import Question
 from verispec.bench.records import RecordLog
 from verispec.bench.runner import BenchConfig, BenchContext, MethodRunner
@@ -49,7 +54,6 @@ DESCRIPTION = (
 # skipped (with a message) where llama-cpp-python is not installed.
 DEFAULT_METHODS = "ar,hf,hf-pld,pld,tr,dtr,llama-cpp,llama-cpp-pld"
 DEFAULT_LIMIT = 1  # questions per category
-DEFAULT_BENCH_THREADS = 1  # the benchmark's figures of record are single-threaded
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -124,7 +128,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "compilation)",
     )
     add_generation_options(parser)
-    target.add_model_options(parser, threads=DEFAULT_BENCH_THREADS)
+    target.add_model_options(parser, threads=BENCH_THREADS)
     target.add_kernel_option(parser)
 
 
@@ -135,10 +139,10 @@ def main(args: argparse.Namespace) -> int:
     """
     import torch
 
+    from verispec.bench.loop import run_bench
     from verispec.bench.prompts import load_questions, select_questions, shipped_questions
     from verispec.bench.records import machine_info
     from verispec.bench.report import summarise
-    from verispec.bench.runner import run_bench
 
     # 1. everything a user can get wrong, before the model loads
     specs, skipped = _specs(args)
@@ -227,7 +231,6 @@ def main(args: argparse.Namespace) -> int:
 def _specs(args: argparse.Namespace) -> tuple[list[MethodSpec], list[str]]:
     """The methods to run, and a note for each optional peer skipped (printed by the
     caller once every other argument has been checked, so an error comes first)."""
-    from verispec.bench.runner import check_available
     from verispec.specs import parse_methods
 
     texts = args.methods or [DEFAULT_METHODS]

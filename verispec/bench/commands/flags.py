@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -25,12 +26,14 @@ from verispec.core.validate import bounds, in_bounds, integer, interval, number
 from verispec.errors import ConfigError
 
 __all__ = [
+    "BENCH_THREADS",
     "FLAGS",
     "NOT_FLAGS",
     "STRUCTURE_ALLOWED",
     "Flag",
     "add_generation_options",
     "add_processing_options",
+    "add_threads_option",
     "bench_config",
     "check_structure",
     "int_arg",
@@ -54,6 +57,49 @@ def int_arg(low: int, below: int | None = None, high: int | None = None) -> Call
         return value
 
     return parse
+
+
+BENCH_THREADS = 1
+"""CPU threads a benchmark measures on unless ``--threads`` says otherwise: ``verispec
+bench``'s and every script's under ``benchmarks/`` (the figures of record are
+single-threaded)."""
+
+# at most one torch thread per CPU core of this machine: more only make the threads wait
+_threads = int_arg(1, high=os.cpu_count() or 1)
+
+
+def _thread_counts(text: str) -> list[int]:
+    """``1,2``: thread counts, each checked as ``--threads`` checks one."""
+    return [_threads(part) for part in text.split(",")]
+
+
+def add_threads_option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    threads: int | None = BENCH_THREADS,
+    *,
+    counts: bool = False,
+) -> None:
+    """``--threads``: torch's CPU threads, at most one per core, by default ``threads``
+    (``None``: torch's own choice); ``counts=True`` for a script that measures several
+    counts in turn (``--threads 1,2``: a list, by default ``[threads]``)."""
+    default = f"default: {threads}" if threads else "default: torch's own choice, all cores"
+    if counts:
+        assert threads is not None, "a list of thread counts has a default count"
+        parser.add_argument(
+            "--threads",
+            type=_thread_counts,
+            default=[threads],
+            metavar="N[,N...]",
+            help=f"CPU thread counts for torch, each measured in turn ({default})",
+        )
+        return
+    parser.add_argument(
+        "--threads",
+        type=_threads,
+        default=threads,
+        metavar="N",
+        help=f"CPU threads for torch ({default})",
+    )
 
 
 Closed = Literal["neither", "low", "high", "both"]

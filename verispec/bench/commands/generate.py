@@ -54,9 +54,8 @@ def main(args: argparse.Namespace) -> int:
     """Run ``verispec generate``; returns the exit status."""
     import attrs
 
-    from verispec.bench.methods import METHODS
+    from verispec.bench.methods import METHODS, build_runners, check_available
     from verispec.bench.prompts import build_prompt_ids
-    from verispec.bench.runner import build_runners, check_available
     from verispec.core.types import GenerationParams
     from verispec.specs import parse_methods
 

@@ -10,13 +10,12 @@ the benchmark context around it (``--draft-model`` included).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from verispec.bench.commands.flags import int_arg
+from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.runner import BenchContext
 from verispec.errors import ConfigError
 from verispec.kernels.backend import KERNEL_CHOICES
@@ -35,8 +34,6 @@ __all__ = [
 ]
 
 BUILTIN_MODELS = ("smollm2", "tiny")
-# at most one torch thread per CPU core of this machine: more only make the threads wait
-_threads = int_arg(1, high=os.cpu_count() or 1)
 
 
 def add_model_options(parser: argparse.ArgumentParser, threads: int | None = None) -> None:
@@ -101,15 +98,7 @@ def add_model_options(parser: argparse.ArgumentParser, threads: int | None = Non
         metavar="DEVICE",
         help="cpu, cuda, cuda:1... (default: cuda if available)",
     )
-    group.add_argument(
-        "--threads",
-        type=_threads,
-        default=threads,
-        metavar="N",
-        help=f"CPU threads for torch (default: {threads})"
-        if threads
-        else "CPU threads for torch (default: torch's own choice, all cores)",
-    )
+    add_threads_option(group, threads)
 
 
 def add_kernel_option(parser: argparse.ArgumentParser) -> None:
