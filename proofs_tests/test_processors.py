@@ -136,6 +136,44 @@ def test_the_decoder_api_equals_generate(hf_model: Any, fields: dict[str, Any]) 
             assert result.tokens == expected, (fields, method)
 
 
+def test_the_processing_of_generation_params_is_generates_row_for_row(hf_model: Any) -> None:
+    """The processing built from GenerationParams' fields (``processing_for``) gives each
+    row of a chain of ``generate``'s own greedy answer exactly the scores ``generate``'s
+    processors gave there (its ``output_scores``, from its raw ``output_logits``): a
+    penalty of 2.0, a no-repeat n-gram size, bad words one of which is the end-of-sequence
+    token (``generate`` drops that one), a minimum of new tokens and suppressed tokens."""
+    prompt = PROMPTS[0]
+    options: dict[str, Any] = {
+        "repetition_penalty": 2.0,
+        "no_repeat_ngram_size": 2,
+        "bad_words_ids": [[1], [9, 14]],
+        "min_new_tokens": 5,
+        "suppress_tokens": [7],
+    }
+    out = hf_model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=8,
+        do_sample=False,
+        eos_token_id=1,
+        output_scores=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **options,
+    )
+    answer = out.sequences[0, len(prompt) :].tolist()
+    processing = processing_for(
+        GenerationParams(**options),
+        prompt_length=len(prompt),
+        tokenizer=None,
+        eos_token_ids=[1],
+        vocab_size=hf_model.config.vocab_size,
+    )
+    assert processing is not None
+    chain = DraftTree.from_parents(answer[:-1], list(range(-1, len(answer) - 2)))
+    got = processing.process(chain, torch.cat(out.logits), _state(prompt, 0.0))
+    assert torch.equal(got, torch.cat(out.scores))
+
+
 def test_sampling_with_a_processor_repeats_and_uses_the_seed(hf_model: Any) -> None:
     """Sampled decoding with a repetition penalty and a typical-p warper (applied to the
     rows, the verifier at temperature 1) repeats for a seed and differs across seeds."""
@@ -170,6 +208,16 @@ class _PerRow:
         return scores.scatter(1, input_ids[:, -1:], -float("inf"))
 
 
+class _BatchMean:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores + scores.mean(dim=0)  # every row reads the other rows' scores
+
+
+class _FirstRowOnly:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores[:1] - 1.0  # one row, whatever the batch
+
+
 @pytest.mark.parametrize(
     ("processor", "match"),
     [
@@ -189,6 +237,25 @@ def test_a_processor_that_is_not_a_function_of_the_prefix_is_refused(
             custom_generate=verispec.speculative("tr"),
             logits_processor=[processor],
         )
+
+
+@pytest.mark.parametrize(
+    "processor", [_BatchDependent(), _BatchMean(), _FirstRowOnly()], ids=["ids", "scores", "one"]
+)
+@pytest.mark.parametrize("prompt", [[0], [5, 0], PROMPTS[0]], ids=["one", "ends-0", "long"])
+def test_a_processor_that_mixes_rows_is_refused_after_any_prompt(
+    processor: Any, prompt: list[int]
+) -> None:
+    """A user processor whose rows read the other rows of the batch, through their tokens
+    or through their scores, or that returns one row for a batch, is refused with a
+    ConfigError naming it on its first use, whatever the prompt: one token, or one whose
+    last token is 0."""
+    processing = TreeProcessor([processor], None)
+    tree = DraftTree.from_parents([3, 4], [-1, 0])
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    name = type(processor).__name__
+    with pytest.raises(ConfigError, match=f"`{name}` scores a row differently in a batch"):
+        processing.process(tree, logits, _state(prompt, 1.0))
 
 
 def test_a_user_processor_of_the_prefix_is_applied(hf_model: Any) -> None:
@@ -335,6 +402,10 @@ def test_pruning_drops_forbidden_candidates_and_keeps_sampled_laws() -> None:
     fixed = DraftTree.from_parents(tokens, parents, DETERMINISTIC)
     pruned = constraint().prune(fixed, _state([0], 0.7))
     assert pruned.tokens.tolist() == [a, a, b] and pruned.parents.tolist() == [-1, 0, 1]
+    through = TreeProcessor([], constraint()).prune(fixed, _state([0], 0.7))  # the decoder's call
+    assert through.tokens.tolist() == [a, a, b] and through.parents.tolist() == [-1, 0, 1]
+    lone = DraftTree.from_parents([x], [-1], DETERMINISTIC)  # one node, dead
+    assert TreeProcessor([], constraint()).prune(lone, _state([0], 0.7)).num_nodes == 0
 
     law = WithoutReplacement(torch.full((258,), 1 / 258))
     drawn = DraftTree.from_parents(tokens, parents, law)

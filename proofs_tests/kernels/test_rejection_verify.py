@@ -166,3 +166,47 @@ def test_reference_output_law_is_the_target(kind: str) -> None:
         first = int(kids[packed[2]]) if int(packed[0]) else int(packed[1])
         counts[first] += 1
     assert chisquare(counts.numpy(), (target[0] * trials).numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("law_kind", ["deterministic", "iid", "without_replacement"])
+def test_a_coin_of_zero_never_accepts_a_child_of_target_probability_zero(law_kind: str) -> None:
+    """The acceptance test is strict (``u * p < r``), as the kernel's: a coin of exactly
+    0 on a child the target gives probability 0 rejects it, and the extra token is one
+    of positive probability."""
+    target = torch.tensor([0.0, 0.6, 0.4], dtype=torch.float64)
+    draft = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    law = {
+        "deterministic": DETERMINISTIC,
+        "iid": IID(draft),
+        "without_replacement": WithoutReplacement(draft),
+    }[law_kind]
+    tree = DraftTree.from_parents([0], [-1], law)
+    coins = torch.tensor([[0.0, 0.5]], dtype=torch.float64)  # the child's, the extra token's
+    ((accepted, extra),) = reference.tree_rejection_walk(tree, lambda row: target, coins)
+    assert accepted == [] and target[extra] > 0
+
+
+def test_a_repeated_candidate_is_never_accepted_after_its_token_was_rejected() -> None:
+    """Fixed candidates may repeat a token; once the first copy is rejected the token's
+    residual is 0, so even a coin of exactly 0 rejects the second copy."""
+    target = torch.tensor([0.0, 0.5, 0.5], dtype=torch.float64)
+    tree = DraftTree.from_parents([1, 1], [-1, -1], DETERMINISTIC)
+    coins = torch.tensor([[0.9, 0.0, 0.5]], dtype=torch.float64)  # rejects the first copy
+    ((accepted, extra),) = reference.tree_rejection_walk(tree, lambda row: target, coins)
+    assert accepted == [] and extra == 2  # the residual is the point mass on token 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_rows_masses_are_exact_integer_sums_for_narrow_targets(dtype: torch.dtype) -> None:
+    """For float32 and float16 targets (fixed-point weights held as float32), a row's
+    mass is the exact integer sum of its weights, as the kernel's int64 sum is: each
+    candidate's residual ratio ``r`` is its weight over that exact sum."""
+    generator = torch.Generator().manual_seed(3)
+    target = torch.rand(1000, generator=generator).to(dtype)
+    target = (target / target.sum()).to(dtype)
+    weights = reference.fixed_point(target)
+    exact = sum(int(w) for w in weights.tolist())
+    candidates = [7, 500, 999]
+    row = reference.RejectionRow(target, reference.law_code(DETERMINISTIC), None, candidates)
+    assert row.residual_mass == exact
+    assert row.ratios()[1] == float(weights[7]) / exact

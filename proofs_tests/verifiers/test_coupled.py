@@ -108,6 +108,40 @@ def test_seeded_sample_is_the_two_level_race_on_its_noise(
     )
 
 
+def test_with_two_blocks_both_are_drawn_from() -> None:
+    """With exactly two blocks (V = 300: a full block and a short one), seeded_sample
+    equals the reference draw at each of 64 positions, and draws come from both blocks."""
+    target = torch.full((300,), 1 / 300, dtype=torch.float64)
+    draws = [seeded_sample(target, 7, position) for position in range(64)]
+    assert draws == [reference_draw(target, 7, position) for position in range(64)]
+    assert min(draws) < BLOCK <= max(draws)
+
+
+def test_block_masses_are_summed_exactly_enough_to_keep_a_near_tie() -> None:
+    """Block masses are summed in float64: for float32 weights built so that the two
+    blocks' race is a near-tie that a float32 sum of the first block would decide the
+    other way, seeded_sample still equals the reference draw (masses by math.fsum)."""
+    seed, position = 5, 11
+    noise = position_noise(seed, position, 0, 2)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        scale = torch.pow(10.0, -torch.randint(0, 9, (BLOCK,), generator=generator).float())
+        first = torch.rand(BLOCK, generator=generator) * scale  # float32, wide range
+        exact = math.fsum(first.double().tolist())
+        rounded = float(first.reshape(1, -1).sum(1)[0])  # float32 accumulation
+        middle = float(noise[1]) * (exact + rounded) / 2 / float(noise[0])
+        tail = float(torch.tensor(middle, dtype=torch.float32))  # the second block's mass
+        masses = torch.tensor([[exact, tail], [rounded, tail]], dtype=torch.float64)
+        winners = (noise / masses).argmin(1).tolist()  # the race on each pair of masses
+        if winners[0] != winners[1]:
+            break
+    else:
+        pytest.fail("no near-tie found")
+    target = torch.cat([first, torch.tensor([tail])])  # float32, V = BLOCK + 1
+    assert seeded_sample(target, seed, position) == reference_draw(target, seed, position)
+    assert (seeded_sample(target, seed, position) < BLOCK) == (winners[0] == 0)
+
+
 def test_point_mass_is_always_drawn() -> None:
     """A one-hot target (temperature 0) is drawn at every seed and position."""
     target = torch.zeros(49152)

@@ -296,6 +296,17 @@ def test_residual_without_mass_restarts_from_the_target(law_kind: str) -> None:
     assert torch.equal(walk.residual(), target)
 
 
+def test_a_child_below_the_fixed_point_is_judged_as_the_coin_judges_it() -> None:
+    """A drawn child whose draft probability (1e-17) is positive but below the fixed
+    point's resolution has draft weight 0: every coin accepts it where the residual is
+    positive, and its acceptance probability (the audits' exact law) says so too."""
+    target = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    walk = RowRejection(target, IID(torch.tensor([1 - 1e-17, 1e-17], dtype=torch.float64)), [1])
+    assert walk.ratios()[0] == 0.0  # p: the child's draft weight, rounded to 0
+    assert all(walk.accepts(u) for u in (0.0, 0.5, 1 - 2**-53))
+    assert walk.acceptance_probability() == 1.0
+
+
 def test_deterministic_residual_without_mass_samples_the_target() -> None:
     """Rejecting every candidate that carries all the target mass falls back to the target."""
     target = torch.tensor([0.0, 0.5, 0.5, 0.0], dtype=torch.float32)
