@@ -8,10 +8,12 @@ the runtime ``custom_generate`` builds."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from saved_models import save_tiny_model
 
 import verispec
 from verispec.custom_generate import _device_marginals, _fingerprint, _marginals, target_for
@@ -171,24 +173,19 @@ def test_smollm2_the_red_team_reordering_is_seen(default_model: tuple[Any, Any])
     assert _fingerprint(hf) == before
 
 
-def test_load_default_model_max_length_caps_custom_generate(monkeypatch: Any) -> None:
-    """``load_default_model(max_length=64)`` records the cap on the returned model's
-    ``hf_model``: ``hf_model.generate(custom_generate=...)`` builds its runtime with it
-    (a prompt that fills it is refused, a longer answer stops there), while an explicit
-    ``target_for(max_length=...)`` still wins. The load itself is replaced by a tiny model:
-    what is tested is what ``load_default_model`` does with the model it loaded."""
-    from verispec.models import default
-    from verispec.models.default import make_target
+def test_load_model_max_length_caps_custom_generate(tmp_path: Path) -> None:
+    """``load_model(path, max_length=64)`` (which ``load_default_model`` is, on the embedded
+    file) records the cap on the returned model's ``hf_model``:
+    ``hf_model.generate(custom_generate=...)`` builds its runtime with it (a prompt that
+    fills it is refused, a longer answer stops there), while an explicit
+    ``target_for(max_length=...)`` still wins; without a cap the model's own context holds."""
+    from verispec.models.loading import load_model
 
-    def tiny_load(path: Any, *, max_length: Any = None, **options: Any) -> Any:
-        source = tiny_llama(vocab_size=64, hidden_size=32, num_layers=2).hf_model
-        return make_target(source, max_length=max_length), None
-
-    monkeypatch.setattr(default, "embedded_gguf", lambda: "smollm2.gguf")
-    monkeypatch.setattr(default, "load_model", tiny_load)
-    model, _ = default.load_default_model(max_length=64)
+    directory = save_tiny_model(tmp_path / "tiny")
+    model, _ = load_model(directory, max_length=64)
     assert model.max_length == 64
     hf = model.hf_model
+    hf.generation_config.eos_token_id = None  # the answer runs into the cap, not into eos
     fast = verispec.speculative("ar")
     with pytest.raises(ContextLengthError, match="context holds 64"):
         hf.generate(torch.tensor([[5] * 64]), max_new_tokens=4, custom_generate=fast)
@@ -199,5 +196,5 @@ def test_load_default_model_max_length_caps_custom_generate(monkeypatch: Any) ->
     assert any("generation stops there" in str(w.message) for w in caught)
     assert target_for(hf).max_length == 64
     assert target_for(hf, max_length=128).max_length == 128
-    unset, _ = default.load_default_model()
+    unset, _ = load_model(directory)
     assert target_for(unset.hf_model).max_length == unset.hf_model.config.max_position_embeddings

@@ -185,7 +185,8 @@ def target_for(
     :func:`~verispec.models.default.load_default_model` recorded on ``hf_model`` (its own
     ``max_length=``), else the model's whole context.
     """
-    from verispec.models.default import MAX_LENGTH_ATTRIBUTE, make_target
+    from verispec.models.default import make_target
+    from verispec.models.loading import MAX_LENGTH_ATTRIBUTE
 
     if max_length is None:
         max_length = getattr(hf_model, MAX_LENGTH_ATTRIBUTE, None)

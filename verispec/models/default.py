@@ -51,11 +51,6 @@ __all__ = [
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
-# the attribute of the loaded transformers model (``model.hf_model``) that records
-# ``load_default_model``'s ``max_length``: ``generate(custom_generate=...)`` on that model
-# builds its runtime with the same cap (verispec.custom_generate.target_for)
-MAX_LENGTH_ATTRIBUTE = "_verispec_max_length"
-
 
 def default_cache_dir() -> Path:
     """``$VERISPEC_CACHE`` if set, else ``~/.cache/verispec`` (one rule:
@@ -83,7 +78,8 @@ def load_default_model(
         device: where to put the model (``"cpu"``, ``"cuda"``...).
         cache_dir: where the converted weights live; defaults to :func:`default_cache_dir`.
         max_length: optional cap on the context (the model's own is 8192 tokens). It is
-            recorded on the returned model's ``hf_model``, so that
+            recorded on the returned model's ``hf_model`` (by
+            :func:`~verispec.models.loading.load_model`), so that
             ``model.hf_model.generate(..., custom_generate=verispec.speculative(...))``
             builds its runtime with the same cap (:func:`~verispec.custom_generate.target_for`).
         runtime: ``"auto"`` / ``"fast"``: verispec's fast runtime; ``"hf"``: the Hugging
@@ -118,7 +114,4 @@ def load_default_model(
         keep_source=keep_source,
         weights=weights,
     )
-    source = getattr(model, "hf_model", None)  # None where keep_source=False dropped it
-    if source is not None and max_length is not None:
-        setattr(source, MAX_LENGTH_ATTRIBUTE, max_length)
     return model, tokenizer

@@ -110,6 +110,12 @@ def _read_causal_lm(directory: Path, dtype: Any, what: str) -> Any:
     return hf_model
 
 
+# the attribute of the loaded transformers model (``model.hf_model``) that records
+# ``load_model``'s ``max_length``: ``generate(custom_generate=...)`` on that model builds
+# its runtime with the same cap (verispec.custom_generate.target_for)
+MAX_LENGTH_ATTRIBUTE = "_verispec_max_length"
+
+
 def load_model(
     path: str | os.PathLike[str],
     *,
@@ -192,4 +198,7 @@ def load_model(
         keep_source=keep_source,
         weights=weights,
     )
+    kept = getattr(model, "hf_model", None)  # None where keep_source=False dropped it
+    if kept is not None and max_length is not None:
+        setattr(kept, MAX_LENGTH_ATTRIBUTE, max_length)
     return model, loaded_tokenizer
