@@ -181,9 +181,9 @@ def target_for(
     dtype, shape or version counter, or one of those sums: any edit of a single element
     does, and any swap of two unequal elements (:func:`_marginals` says what else).
 
-    ``max_length=None`` takes the context cap that
-    :func:`~verispec.models.default.load_default_model` recorded on ``hf_model`` (its own
-    ``max_length=``), else the model's whole context.
+    ``max_length=None`` takes the context cap that :func:`~verispec.models.loading.load_model`
+    (or :func:`~verispec.models.default.load_default_model`, which calls it) recorded on
+    ``hf_model`` (its own ``max_length=``), else the model's whole context.
     """
     from verispec.models.default import make_target
     from verispec.models.loading import MAX_LENGTH_ATTRIBUTE
