@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from verispec.core.paths import cache_dir
-from verispec.models.buckets import BUCKETS, BucketedForward
+from verispec.models.buckets import BucketedForward
 from verispec.models.llama import KVCache, Transformer
 
 __all__ = ["COMPILED_CAPACITY", "CompiledForward"]
@@ -94,7 +94,7 @@ class CompiledForward(BucketedForward):
     def warm_up(self, caches: list[KVCache], layers: tuple[int, ...] | None = None) -> float:
         """Compile every bucket for these caches (their slots are overwritten); return seconds."""
         before = self.setup_s
-        for size in BUCKETS:  # inputs made as FastModel makes them (outside inference mode)
+        for size in self.buckets:  # inputs made as FastModel makes them (outside inference mode)
             tokens = torch.zeros(size, dtype=torch.long, device=caches[0].k.device)
             mask = torch.ones(size, size, dtype=torch.bool, device=tokens.device).tril_()
             positions, where = torch.arange(size), torch.tensor([0, 128])

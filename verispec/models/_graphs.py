@@ -11,23 +11,32 @@ device-side slots and attends to the whole cache with a mask built on the device
 shape depends on the step and nothing is read on the host. The cache is allocated once at
 its full size (a graph holds its addresses).
 
-One graph is captured per bucket of new-token counts (:data:`~verispec.models.buckets.BUCKETS`)
+One graph is captured per bucket of new-token counts
+(:data:`~verispec.models.buckets.GRAPH_BUCKETS`)
 and per layer choice (a self-draft is another graph), on first use or all at once by
 :meth:`GraphedForward.warm_up`. Passes that are not a bucket's shape (a draft model
 growing its tree with ``extend_from``) run eagerly.
 
+With ``compile=True`` the forward that is captured is first compiled by inductor, once
+for every bucket (the row count is a symbolic size): its normalisations, rotary
+embedding, masking and SwiGLU become a few fused kernels instead of tens of small ones a
+layer. A graph replays each of its kernels anyway, so on a small model, where a step is
+hundreds of launches of microsecond kernels, fewer kernels is what makes the step shorter.
+
 ``capture=False`` runs the same static-buffer path without capturing: it is how the
-plumbing is tested on a machine without CUDA. Nothing here has run on a GPU yet.
+plumbing is tested on a machine without CUDA (and, with ``compile=True``, inductor's CPU
+code stands in for its GPU code).
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from verispec.models.buckets import BUCKETS, BucketedForward
+from verispec.models.buckets import GRAPH_BUCKETS, BucketedForward
 from verispec.models.llama import KVCache, PassKind, Transformer
 
 __all__ = ["GraphedForward"]
@@ -53,12 +62,25 @@ class GraphedForward(BucketedForward):
     """
 
     name = "cuda-graphs"
+    buckets = GRAPH_BUCKETS
     capacity_cap = None  # a graph holds the cache's addresses: allocated once, whole
 
-    def __init__(self, transformer: Transformer, *, capture: bool = True) -> None:
+    def __init__(
+        self, transformer: Transformer, *, capture: bool = True, compile: bool = False
+    ) -> None:
         super().__init__(transformer)
         self.capture = capture
+        self.compiled = compile
         self._graphs: dict[tuple[int, Any], _Graph] = {}
+        self._forward: Any = functools.partial(transformer.forward, kind=PassKind.STATIC)
+        if compile:
+            self.name = "compiled+cuda-graphs"
+            import torch._dynamo  # here, not at the top: importing it costs a second
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            # One compile for every bucket (the row count is symbolic), fused by inductor,
+            # then captured per bucket like the plain forward.
+            self._forward = torch.compile(self._forward, dynamic=True, fullgraph=True)
 
     def run_bucket(
         self,
@@ -87,17 +109,18 @@ class GraphedForward(BucketedForward):
     def warm_up(self, caches: list[KVCache], layers: tuple[int, ...] | None = None) -> float:
         """Capture every bucket's graph now (before any sequence); return the seconds."""
         before = self.setup_s
-        for size in BUCKETS:
+        for size in self.buckets:
             entry = self._graphs.setdefault((size, layers), _Graph(size, caches[0].k.device))
             if self.capture and entry.graph is None:
                 self._capture(entry, caches, layers)
         return self.setup_s - before
 
     def _run(self, entry: _Graph, caches: list[KVCache], layers: Any) -> torch.Tensor:
-        return self.transformer(
-            entry.tokens, entry.positions, caches, entry.start, entry.mask, layers,
-            kind=PassKind.STATIC,
-        )  # fmt: skip
+        start = time.perf_counter()
+        out = self._forward(entry.tokens, entry.positions, caches, entry.start, entry.mask, layers)
+        if self.compiled and not self.capture:  # compiling, uncaptured: counted here
+            self.setup_s += time.perf_counter() - start
+        return cast(torch.Tensor, out)
 
     def _capture(self, entry: _Graph, caches: list[KVCache], layers: Any) -> None:
         start = time.perf_counter()

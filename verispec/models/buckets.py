@@ -17,18 +17,24 @@ import torch
 
 from verispec.models.llama import KVCache, Transformer
 
-__all__ = ["BUCKETS", "BucketedForward", "bucket_for"]
+__all__ = ["BUCKETS", "GRAPH_BUCKETS", "BucketedForward", "bucket_for"]
 
 BUCKETS: tuple[int, ...] = (2, 4, 8, 12, 16, 20, 24, 32, 48, 64, 96, 128)
-"""New-token counts the compiled and graphed forwards are built for (one graph each): up to
-the largest trees the drafters send (80 nodes for Token Recycling's 2.2.2 template, 64 for
+"""New-token counts the compiled forwards are built for (one graph each): up to the largest
+trees the drafters send (80 nodes for Token Recycling's 2.2.2 template, 64 for
 ``dtr:budget=auto``) with their root, so that every step of a generation runs a built graph;
 longer passes (prefill chunks, shared by every method) run eagerly."""
 
+GRAPH_BUCKETS: tuple[int, ...] = (*BUCKETS, 160, 192, 256)
+"""The CUDA graphs' buckets: :data:`BUCKETS` and on to 256 new tokens. A captured graph
+costs a replay, not a compile, and a GPU's T(n) is nearly flat, so a tree of 128 nodes and
+its root (129 tokens) runs a graph too instead of falling off the last one (it ran eagerly,
+2.7x slower, on the H100 of 2026-11-25)."""
 
-def bucket_for(queries: int) -> int:
-    """The smallest bucket holding ``queries`` new tokens (past the last bucket: itself)."""
-    return next((size for size in BUCKETS if queries <= size), queries)
+
+def bucket_for(queries: int, buckets: tuple[int, ...] = BUCKETS) -> int:
+    """The smallest of ``buckets`` holding ``queries`` new tokens (past the last: itself)."""
+    return next((size for size in buckets if queries <= size), queries)
 
 
 class BucketedForward(abc.ABC):
@@ -46,9 +52,14 @@ class BucketedForward(abc.ABC):
         setup_s: seconds spent building (compiling or capturing) so far.
     """
 
-    name: ClassVar[str]
+    name: str
     capacity_cap: ClassVar[int | None]
-    bucket = staticmethod(bucket_for)
+    buckets: ClassVar[tuple[int, ...]] = BUCKETS
+
+    @classmethod
+    def bucket(cls, queries: int) -> int:
+        """The rows a pass of ``queries`` new tokens runs on (:func:`bucket_for`)."""
+        return bucket_for(queries, cls.buckets)
 
     def __init__(self, transformer: Transformer) -> None:
         self.transformer = transformer
@@ -66,7 +77,7 @@ class BucketedForward(abc.ABC):
         """As :meth:`Transformer.forward <verispec.models.llama.Transformer.forward>` (a tree
         pass)."""
         queries, width = local_mask.shape
-        if queries != width or queries not in BUCKETS:  # a long prefill chunk: eager
+        if queries != width or queries not in self.buckets:  # a long prefill chunk: eager
             return self.transformer(tokens, positions, caches, where, local_mask, layers)
         return self.run_bucket(tokens, positions, caches, where, local_mask, layers)
 
