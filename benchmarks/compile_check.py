@@ -317,6 +317,30 @@ def _kv_compaction(dtype: torch.dtype) -> Callable[[], Any]:
     return call
 
 
+def _static_attention(heads: int, kv_heads: int, d: int) -> Callable[[], Any]:
+    def call() -> Any:
+        from verispec.kernels.graph_ops import static_attention
+
+        q = torch.zeros(81, heads, d)
+        k, v = torch.zeros(81, kv_heads, d), torch.zeros(81, kv_heads, d)
+        cache_k, cache_v = torch.zeros(kv_heads, 512, d), torch.zeros(kv_heads, 512, d + 1)
+        mask = torch.ones(81, 81, dtype=torch.bool).tril()
+        return static_attention(q, k, v, cache_k, cache_v, torch.tensor(300), mask)
+
+    return call
+
+
+def _invariant(dtype: torch.dtype) -> Callable[[], Any]:
+    def call() -> Any:
+        from verispec.kernels.graph_ops import invariant_linear, invariant_rms_norm
+
+        x = torch.zeros(81, 576, dtype=dtype)
+        invariant_rms_norm(x, torch.ones(576, dtype=dtype), 1e-5)
+        return invariant_linear(x, torch.zeros(1536, 576, dtype=dtype), None)
+
+    return call
+
+
 def scenarios() -> dict[str, Callable[[], Any]]:
     """One host-wrapper call per kernel configuration a run uses, by name.
 
@@ -324,7 +348,9 @@ def scenarios() -> dict[str, Callable[[], Any]]:
     37-node tree over a 300-token prefix with a prefix mask), at D = 128, causal (a
     prefill) and split over the prefix; greedy verification of float32 and float64
     logits and rejection verification at V = 49,152 over the "2.2.2" tree; Token
-    Recycling's expansion and update; KV compaction in float16 and bfloat16.
+    Recycling's expansion and update; KV compaction in float16 and bfloat16; the graphed
+    runtime's static attention (SmolLM2's heads and a 7B shape's, float32) and the
+    batch-invariant product and norm in each dtype.
     """
     return {
         "tree_attention[float16]": _attention(torch.float16, 64, 37, 300),
@@ -341,6 +367,11 @@ def scenarios() -> dict[str, Callable[[], Any]]:
         "token_recycling[int32]": _token_recycling,
         "kv_compaction[float16]": _kv_compaction(torch.float16),
         "kv_compaction[bfloat16]": _kv_compaction(torch.bfloat16),
+        "static_attention[float32]": _static_attention(9, 3, 64),
+        "static_attention[float32,D=128]": _static_attention(32, 32, 128),
+        "batch_invariant[float16]": _invariant(torch.float16),
+        "batch_invariant[bfloat16]": _invariant(torch.bfloat16),
+        "batch_invariant[float32]": _invariant(torch.float32),
     }
 
 

@@ -43,7 +43,8 @@ def _fresh_python(*args: str) -> subprocess.CompletedProcess[str]:
 def test_every_kernel_compiles_to_a_cubin_without_spills(tmp_path: Path) -> None:
     """``python benchmarks/compile_check.py`` compiles every launch of every scenario
     (tree attention in four dtypes, D = 128, causal and split; greedy and rejection
-    verification; Token Recycling; KV compaction) for sm_90 and sm_80 through TTIR, TTGIR,
+    verification; Token Recycling; KV compaction; the graphed runtime's static attention
+    and batch-invariant product and norm) for sm_90 and sm_80 through TTIR, TTGIR,
     LLVM IR and PTX to a cubin (Triton's bundled ptxas), and ptxas reports no register
     spills for any of them."""
     out = tmp_path / "compile.json"
@@ -59,6 +60,9 @@ def test_every_kernel_compiles_to_a_cubin_without_spills(tmp_path: Path) -> None
         "token_recycling_kernel",
         "adjacency_update_kernel",
         "kv_compaction_kernel",
+        "static_attention_kernel",
+        "batch_invariant_kernel",
+        "rms_norm_rows_kernel",
     }
     assert {r["arch"] for r in reports} == {90, 80}
     for r in reports:

@@ -7,6 +7,8 @@ so everything but the capture itself is checked here; the capture runs in the GP
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from model_references import tree_reference
@@ -15,19 +17,23 @@ from verispec.core import DraftTree
 from verispec.errors import ConfigError
 from verispec.models import FastModel, tiny_model
 from verispec.models._graphs import GraphedForward
-from verispec.models.buckets import BUCKETS
+from verispec.models.buckets import GRAPH_BUCKETS
 
 V = 64
 
 
-def _pair(device: str = "cpu", capture: bool = False) -> tuple[FastModel, FastModel]:
+def _pair(
+    device: str = "cpu", capture: bool = False, compile: bool = False
+) -> tuple[FastModel, FastModel]:
     """(eager model, the same weights behind a GraphedForward), float32, head dim 16; both
-    with the torch attention, as on CUDA (the C attention is the CPU's)."""
+    with the torch attention, as on CUDA (the C attention is the CPU's); with ``compile``,
+    plain ``nn.Linear`` products, as on CUDA (no oneDNN prepacking)."""
     hf = tiny_model("llama", vocab_size=V, seed=2, dtype=torch.float32, hidden_size=64)
     hf_model = hf.hf_model.to(device)
-    eager = FastModel(hf_model, cuda_graphs=False, attention="torch")
-    graphed = FastModel(hf_model, cuda_graphs=False, attention="torch")
-    graphed._shared.wrapper = GraphedForward(graphed.transformer, capture=capture)
+    options: dict[str, Any] = {"prepack": False} if compile else {}
+    eager = FastModel(hf_model, cuda_graphs=False, attention="torch", **options)
+    graphed = FastModel(hf_model, cuda_graphs=False, attention="torch", **options)
+    graphed._shared.wrapper = GraphedForward(graphed.transformer, capture=capture, compile=compile)
     return eager, graphed
 
 
@@ -56,11 +62,57 @@ def test_graphs_allocate_the_whole_context_once() -> None:
     _, graphed = _pair()
     graphed.prefill(torch.tensor([1, 2, 3]))
     capacity = graphed._caches[0].capacity
-    assert capacity >= graphed.max_length + BUCKETS[-1] and capacity % 128 == 0
+    assert capacity >= graphed.max_length + GRAPH_BUCKETS[-1] and capacity % 128 == 0
+
+
+def test_a_tree_of_128_nodes_runs_a_graph() -> None:
+    """A tree of 128 nodes and its root (129 tokens) runs in a graph's bucket (160), not
+    eagerly past the last one, and its rows are the eager runtime's, bit for bit."""
+    eager, graphed = _pair()
+    assert graphed._shared.bucket(129) == 160 and 160 in GRAPH_BUCKETS
+    calls = []
+    wrapper = graphed._shared.wrapper
+    assert wrapper is not None
+    run_bucket = wrapper.run_bucket
+    wrapper.run_bucket = lambda tokens, *rest: (
+        calls.append(len(tokens))
+        or run_bucket(  # type: ignore[method-assign]
+            tokens, *rest
+        )
+    )
+    tree = DraftTree.from_parents(
+        torch.arange(128) % V, [i - 1 if i % 8 else -1 for i in range(128)]
+    )
+    rows = []
+    for model in (eager, graphed):
+        model.prefill(torch.tensor([3, 1, 4, 1, 5]))
+        rows.append(model.forward_tree(tree))
+    assert calls[-1] == 160  # (the short prefill ran in bucket 8 before it)
+    assert torch.equal(rows[0], rows[1])
+
+
+def test_compiled_static_path_follows_the_eager_forward() -> None:
+    """``compile=True`` with graphs: inductor compiles the static forward once for every
+    bucket (the row count symbolic), and its logits follow the eager runtime's (to 1e-5 of
+    their scale: fused norms and SwiGLU round differently) for a prefill and trees of three bucket sizes."""
+    from torch._dynamo.utils import counters
+
+    eager, graphed = _pair(compile=True)
+    assert graphed.runtime.startswith("compiled+cuda-graphs")
+    before = counters["stats"]["unique_graphs"]
+    for model in (eager, graphed):
+        model.prefill(torch.tensor([3, 1, 4, 1, 5, 9, 2, 6]))
+    for nodes in (3, 9, 40):  # buckets 4, 12 and 48
+        tree = DraftTree.from_parents(torch.arange(nodes) % V, [i - 1 for i in range(nodes)])
+        rows = [model.forward_tree(tree) for model in (eager, graphed)]
+        scale = rows[0].abs().max().item()  # ~3: 1e-5 of it is ~100 float32 ulps there
+        assert (rows[0] - rows[1]).abs().max().item() < 1e-5 * scale
+    assert counters["stats"]["unique_graphs"] - before <= 2  # not one compile per bucket
+    assert graphed.setup_s > 0
 
 
 def test_cuda_graphs_need_cuda() -> None:
-    """cuda_graphs=True on the CPU, or with compile=True, raises ConfigError naming it."""
+    """cuda_graphs=True on the CPU raises ConfigError naming it, as does a bad value."""
     hf = tiny_model("llama", vocab_size=V).hf_model
     with pytest.raises(ConfigError, match="`cuda_graphs=True` needs a CUDA model"):
         FastModel(hf, cuda_graphs=True)
@@ -82,3 +134,20 @@ def test_captured_graphs_replay_the_eager_forward() -> None:
         out.append(model.forward_tree(tree))
     assert (out[0] - out[1]).abs().max().item() < 1e-4
     assert graphed.setup_s > 0
+
+
+def test_triton_options_need_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``batch_invariant=True`` or ``attention="triton"`` where the graphed runtime's Triton
+    kernels cannot run raise ConfigError naming the option and why, before any weight is
+    converted; ``attention="auto"`` then keeps the torch attention."""
+    import verispec.models.runtime as runtime
+
+    monkeypatch.setattr(runtime, "graph_kernels_unavailable", lambda device: "no CUDA here")
+    hf = tiny_model("llama", vocab_size=V).hf_model
+    with pytest.raises(
+        ConfigError, match=r"`batch_invariant=True` needs the Triton kernels.*no CUDA"
+    ):
+        FastModel(hf, batch_invariant=True)
+    with pytest.raises(ConfigError, match=r"`attention='triton'` needs the Triton kernels"):
+        FastModel(hf, attention="triton")
+    assert "Triton" not in FastModel(hf, cuda_graphs=False).runtime

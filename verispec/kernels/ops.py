@@ -24,7 +24,7 @@ import torch
 
 from verispec.core.tree import IID, Deterministic, DraftTree, WithoutReplacement
 from verispec.core.types import Verdict
-from verispec.errors import TreeStructureError
+from verispec.errors import KernelUnavailableError, TreeStructureError
 from verispec.kernels import reference
 from verispec.kernels._attention_host import (
     attention_blocks,
@@ -43,6 +43,7 @@ __all__ = [
     "compact_kv",
     "expand_template",
     "greedy_verify",
+    "graph_kernels_unavailable",
     "greedy_verify_packed",
     "launch_tree_attention",
     "law_tensors",
@@ -55,6 +56,17 @@ __all__ = [
     "unpack_verdict",
     "update_adjacency",
 ]
+
+
+def graph_kernels_unavailable(device: torch.device | str) -> str | None:
+    """Why the graphed runtime's Triton kernels (:mod:`verispec.kernels.graph_ops`: the
+    static attention, the batch-invariant products and norms) cannot run on ``device``, or
+    ``None`` where they can (CUDA with Triton, or the CPU under the interpreter)."""
+    try:
+        backend_for("graphed runtime", device, "triton")
+    except KernelUnavailableError as error:
+        return str(error)
+    return None
 
 
 def _pow2(n: int, floor: int = 1) -> int:

@@ -503,6 +503,8 @@ class Attention(nn.Module):
     Attributes:
         kernel: the attention core of its tree passes (:class:`AttentionKernel`), set once
             by the runtime when it is built; ``TORCH`` unless set.
+        static_attention: the attention core of its static passes (CUDA graphs):
+            :func:`attend_static` unless the runtime swaps in another with its arguments.
     """
 
     def __init__(self, args: ModelArgs) -> None:
@@ -512,6 +514,7 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(args.dim, q_width + 2 * kv_width, bias=args.qkv_bias)
         self.wo = nn.Linear(q_width, args.dim, bias=args.o_bias)
         self.kernel = AttentionKernel.TORCH
+        self.static_attention: Callable[..., torch.Tensor] = attend_static
         # The softmax scale 1/sqrt(D) is folded into the query rows of ``wqkv`` (from_hf).
 
     def forward(self, x: torch.Tensor, inputs: PassInputs, cache: KVCache) -> torch.Tensor:
@@ -526,7 +529,7 @@ class Attention(nn.Module):
         if inputs.kind is PassKind.PROMPT:
             out = attend_prompt(*args)
         elif inputs.kind is PassKind.STATIC:
-            out = attend_static(*args)
+            out = self.static_attention(*args)
         elif self.kernel is AttentionKernel.C:
             out = attend_cpu(*args)
         elif self.kernel is AttentionKernel.OPAQUE:

@@ -54,7 +54,7 @@ from verispec.core.tree import DraftTree
 from verispec.core.validate import boolean, integer
 from verispec.errors import ConfigError
 from verispec.kernels.dtypes import FLOAT_DTYPES, auto_dtype, dtype_names
-from verispec.kernels.ops import compact_kv
+from verispec.kernels.ops import compact_kv, graph_kernels_unavailable
 from verispec.models._compiled import CompiledForward
 from verispec.models._graphs import GraphedForward
 from verispec.models._linear_op import register_linear
@@ -76,7 +76,14 @@ from verispec.models.invariance import (
     min_product_rows,
     row_invariant_kernels,
 )
-from verispec.models.llama import AttentionKernel, KVCache, PassKind, Transformer, from_hf
+from verispec.models.llama import (
+    AttentionKernel,
+    KVCache,
+    PassKind,
+    RMSNorm,
+    Transformer,
+    from_hf,
+)
 from verispec.models.onednn import PackedLinear, can_prepack, prepack_linears
 
 __all__ = ["PROMPT_PASS_TOKENS", "WEIGHTS", "FastModel", "prompt_pass_tokens"]
@@ -127,10 +134,20 @@ class FastModel(TreeSequenceModel):
             ``max_position_embeddings``.
         prepack: ``"auto"`` prepacks for oneDNN where it helps (CPU, float32 or native
             bfloat16); ``False`` runs the plain ``nn.Linear`` forward.
-        compile: compile the forward once per tree-size bucket (off by default; see
-            :mod:`verispec.models._compiled`). Call :meth:`warm_up` to compile before use.
+        compile: compile the forward (off by default). On the CPU, once per tree-size
+            bucket (:mod:`verispec.models._compiled`); on CUDA with graphs, once for all
+            buckets, then captured per bucket (:mod:`verispec.models._graphs`). Call
+            :meth:`warm_up` to compile before use.
         cuda_graphs: replay the forward from CUDA graphs, one per bucket
-            (:mod:`verispec.models._graphs`); ``"auto"``: on CUDA unless compiling.
+            (:mod:`verispec.models._graphs`); ``"auto"``: on CUDA.
+        batch_invariant: on CUDA, every product (the projections, the LM head, both
+            products of the attention) and every norm runs a Triton kernel with one fixed
+            tiling and summation order, so a row's
+            result does not depend on how many rows run with it: tree rows equal sequential
+            rows bit for bit, as the CPU kernels give
+            (:mod:`verispec.kernels.batch_invariant`, :mod:`verispec.kernels.graph_ops`).
+            Off by default; ``True`` needs CUDA (or Triton's interpreter on the CPU, for
+            tests).
         keep_source: keep a reference to ``hf_model`` as :attr:`hf_model`. ``False``
             drops it (:attr:`hf_model` is ``None``), so that its weights are freed once
             no one else holds the model: the runtime's copies are all it needs (about
@@ -148,7 +165,13 @@ class FastModel(TreeSequenceModel):
         attention: ``"auto"`` (default): on the CPU in float32, eager, the attention runs
             as one C call a layer (:mod:`verispec.models.cpu_attention`; its rows depend on
             their own keys only, so tree rows still equal sequential decoding bit for bit);
-            ``"torch"``: :func:`~verispec.models.llama.attend`'s torch operators.
+            ``"torch"``: :func:`~verispec.models.llama.attend`'s torch operators (and
+            :func:`~verispec.models.llama.attend_static` in CUDA graphs, which attends to
+            the whole cache, masked); ``"triton"``: in CUDA graphs, the Triton kernel that
+            reads only the cache's used slots, in a fixed order
+            (:func:`verispec.kernels.graph_ops.static_attention`; needs CUDA or Triton's
+            interpreter). ``"auto"`` picks it with CUDA graphs where Triton is installed;
+            ``batch_invariant=True`` implies it.
 
     The caches are kept across sequences (``reset`` forgets the tokens, not the
     buffers), so a second generation allocates nothing.
@@ -170,10 +193,14 @@ class FastModel(TreeSequenceModel):
         keep_source: bool = True,
         weights: str = "auto",
         attention: str = "auto",
+        batch_invariant: bool = False,
     ) -> None:
         boolean("keep_source", keep_source)
-        if attention not in ("auto", "torch"):
-            raise ConfigError(f"`attention` must be 'auto' or 'torch'; got {attention!r}.")
+        boolean("batch_invariant", batch_invariant)
+        if attention not in ("auto", "torch", "triton"):
+            raise ConfigError(
+                f"`attention` must be 'auto', 'torch' or 'triton'; got {attention!r}."
+            )
         if weights not in WEIGHTS:
             raise ConfigError(f"`weights` must be one of {WEIGHTS}; got {weights!r}.")
         config = hf_model.config
@@ -193,13 +220,28 @@ class FastModel(TreeSequenceModel):
             raise ConfigError(f"`prepack` must be True, False or 'auto'; got {prepack!r}.")
         if cuda_graphs not in (True, False, "auto"):
             raise ConfigError(f"`cuda_graphs` must be True, False or 'auto'; got {cuda_graphs!r}.")
-        if cuda_graphs is True and (device.type != "cuda" or compile):
-            raise ConfigError(
-                f"`cuda_graphs=True` needs a CUDA model and compile=False; got {device}"
-                f"{' with compile=True' if compile else ''}."
-            )
+        if cuda_graphs is True and device.type != "cuda":
+            raise ConfigError(f"`cuda_graphs=True` needs a CUDA model; got {device}.")
+        unavailable = graph_kernels_unavailable(device)
+        for name, wanted in (("batch_invariant", batch_invariant), ("attention", attention)):
+            if wanted in (True, "triton") and unavailable is not None:
+                raise ConfigError(
+                    f"`{name}={wanted!r}` needs the Triton kernels, which cannot run here: "
+                    f"{unavailable}"
+                )
         transformer = from_hf(hf_model, dtype=dtype, max_positions=context)  # type: ignore[arg-type]
         weight_dtype = transformer.weight_dtype
+        graphs = cuda_graphs is True or (cuda_graphs == "auto" and device.type == "cuda")
+        if batch_invariant:
+            use_invariant_kernels(transformer)
+            weights, prepack, attention = "dense", False, "triton"  # Triton replaces them
+        elif attention == "auto" and graphs and unavailable is None:
+            attention = "triton"  # reads the used slots only (docs/runtime.rst, CUDA graphs)
+        if attention == "triton":
+            from verispec.kernels.graph_ops import static_attention
+
+            for block in transformer.blocks:
+                block.attention.static_attention = static_attention
         blocks = _use_blocks(transformer, weights, device) if weights != "dense" else 0
         if prepack is True and not can_prepack(device, weight_dtype):
             raise ConfigError(
@@ -217,6 +259,8 @@ class FastModel(TreeSequenceModel):
             source_name=type(hf_model).__name__,
             eos_token_id=_eos_token_id(hf_model),
             blocks=blocks,
+            batch_invariant=batch_invariant,
+            triton_attention=attention == "triton",
         )
         # What runs around the plain forward, chosen here once: compiled or graphed buckets,
         # then each attention's kernel and the C layers.
@@ -224,9 +268,10 @@ class FastModel(TreeSequenceModel):
             for module in transformer.modules():
                 if isinstance(module, PackedLinear | BlockLinear):
                     module.key = register_linear(module)  # verispec::packed_linear
+        if graphs:
+            shared.wrapper = GraphedForward(transformer, compile=compile)
+        elif compile:
             shared.wrapper = CompiledForward(transformer)
-        elif cuda_graphs is True or (cuda_graphs == "auto" and device.type == "cuda"):
-            shared.wrapper = GraphedForward(transformer)
         shared.uses_cpu_attention = (
             attention == "auto"
             and shared.wrapper is None
@@ -238,7 +283,7 @@ class FastModel(TreeSequenceModel):
             AttentionKernel.C
             if shared.uses_cpu_attention
             else AttentionKernel.OPAQUE
-            if compile
+            if isinstance(shared.wrapper, CompiledForward)
             else AttentionKernel.TORCH
         )
         for block in transformer.blocks:
@@ -303,6 +348,8 @@ class FastModel(TreeSequenceModel):
         for bit, at this model's shapes and dtype
         (:func:`~verispec.models.invariance.row_invariant_kernels`; see
         docs/runtime.rst, "Tree rows and sequential decoding")."""
+        if self._shared.batch_invariant:
+            return True  # every product and norm is a fixed-order Triton kernel
         args = self.transformer.args
         q_width = args.n_heads * args.head_dim
         return row_invariant_kernels(
@@ -315,9 +362,12 @@ class FastModel(TreeSequenceModel):
 
     @property
     def runtime(self) -> str:
-        """What runs the forward: ``"eager"``, ``"compiled"`` or ``"cuda-graphs"``, plus
-        ``"+GGUF blocks"`` if products read low-bit blocks (``weights``), ``"+oneDNN"`` if
-        weights are prepacked, ``"+C attention"`` if the attention is one C call a layer."""
+        """What runs the forward: ``"eager"``, ``"compiled"``, ``"cuda-graphs"`` or
+        ``"compiled+cuda-graphs"``, plus ``"+GGUF blocks"`` if products read low-bit blocks
+        (``weights``), ``"+oneDNN"`` if weights are prepacked, ``"+C attention"`` if the
+        attention is one C call a layer, ``"+Triton attention"`` if the static passes run
+        :func:`~verispec.kernels.graph_ops.static_attention`, ``"+batch-invariant"`` with
+        ``batch_invariant=True``."""
         wrapper = self._shared.wrapper
         name = "eager" if wrapper is None else wrapper.name
         blocks = "+GGUF blocks" if self._shared.blocks else ""
@@ -326,9 +376,12 @@ class FastModel(TreeSequenceModel):
             if self._shared.uses_cpu_layers
             else "+C attention"
             if self._shared.uses_cpu_attention
+            else "+Triton attention"
+            if self._shared.triton_attention
             else ""
         )
-        return name + blocks + ("+oneDNN" if self._shared.packed else "") + attention
+        invariant = "+batch-invariant" if self._shared.batch_invariant else ""
+        return name + blocks + ("+oneDNN" if self._shared.packed else "") + attention + invariant
 
     @property
     def kernel_id(self) -> str:
@@ -382,7 +435,7 @@ class FastModel(TreeSequenceModel):
         The decoder calls it before each generation with the prompt length plus
         ``max_new_tokens``, so the cache is allocated once, not grown mid-generation.
         """
-        self._reserve(min(tokens, self.max_length) + BUCKETS[-1] + _SLOT_ALIGN)
+        self._reserve(min(tokens, self.max_length) + self._shared.largest_pass + _SLOT_ALIGN)
 
     def _reserve(self, slots: int) -> None:
         """Make every cache hold at least ``slots`` slots (allocate, or double and copy)."""
@@ -502,6 +555,26 @@ WEIGHTS = ("auto", "blocks", "dense", "q4_1")
 """How :class:`FastModel` reads float32 weights on the CPU (its ``weights`` argument)."""
 
 
+def use_invariant_kernels(transformer: Transformer) -> None:
+    """Swap every product and norm of ``transformer`` for the batch-invariant Triton kernels
+    of :mod:`verispec.kernels.batch_invariant` (the same weights, shared, not copied):
+    ``batch_invariant=True``, with the static attention of
+    :mod:`verispec.kernels.graph_ops`. From outside, as the block products are swapped in:
+    the model file imports no kernel."""
+    from verispec.kernels.graph_ops import InvariantLinear, InvariantRMSNorm
+
+    def replace(module: nn.Module) -> None:
+        for name, child in module.named_children():
+            if type(child) is nn.Linear:
+                setattr(module, name, InvariantLinear.from_linear(child))
+            elif type(child) is RMSNorm:
+                setattr(module, name, InvariantRMSNorm.from_norm(child))
+            else:
+                replace(child)
+
+    replace(transformer)
+
+
 def _use_blocks(transformer: Transformer, weights: str, device: torch.device) -> int:
     """Replace every ``nn.Linear`` whose float32 weight is exactly Q4_1 (projections) or
     Q8_0 (the LM head: GGUF files store embeddings so) by a ``BlockLinear``; return
@@ -567,6 +640,8 @@ class _SharedRuntime:
     uses_cpu_layers: bool = False  # ... and, with every product in blocks, the whole layer
     uses_c_decode: bool = False  # ... and with a block head, a decoding step in one C call
     wrapper: BucketedForward | None = None  # compiled or graphed; None: eager
+    batch_invariant: bool = False  # the Triton kernels of kernels.batch_invariant (CUDA)
+    triton_attention: bool = False  # static passes on kernels.graph_ops.static_attention
     min_rows: int = attrs.field(
         init=False, default=attrs.Factory(_min_rows, takes_self=True)
     )  # tokens a pass runs on at least
@@ -577,13 +652,19 @@ class _SharedRuntime:
             return int(self.wrapper.bucket(max(queries, self.min_rows)))
         return max(queries, self.min_rows)
 
+    @property
+    def largest_pass(self) -> int:
+        """The largest bucket's tokens (:data:`~verispec.models.buckets.BUCKETS` in eager
+        mode): the slots a tree pass may need past the committed ones."""
+        return (self.wrapper.buckets if self.wrapper is not None else BUCKETS)[-1]
+
     def first_capacity(self, max_length: int) -> int:
         """Slots of the first cache allocation: 1,024 in eager mode; 4,096 when compiled
         (growing recompiles, counted in ``setup_s``); the whole context with CUDA graphs
         (a graph holds the cache's addresses: it never grows)."""
         if self.wrapper is None:
             return _MIN_CAPACITY
-        full = max_length + BUCKETS[-1] + _SLOT_ALIGN
+        full = max_length + self.largest_pass + _SLOT_ALIGN
         if self.wrapper.capacity_cap is not None:
             full = min(full, self.wrapper.capacity_cap)
         return -(-full // _SLOT_ALIGN) * _SLOT_ALIGN
