@@ -235,15 +235,28 @@ class _OnCuda(CountingModel):
     device = torch.device("cuda", 0)
 
 
-def test_clocks_synchronise_a_cuda_target_and_never_a_cpu_one(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Every clock read of a generation on a CUDA target synchronises that device first (the
-    prefill's two, six per step, the total's one), so kernel time lands in the phase that
-    launched it; a CPU target (no ``device``, or a CPU one) is never synchronised."""
+def test_clocks_synchronise_a_cuda_target_only_when_asked(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With ``VERISPEC_PHASE_SYNC=1`` every clock read of a generation on a CUDA target
+    synchronises that device first (the prefill's two, six per step, the total's one), so
+    kernel time lands in the phase that launched it; by default (and with ``0``) the engine's
+    clocks synchronise nothing, so a step waits for the device only where it reads the
+    verdict; a CPU target (no ``device``, or a CPU one) is never synchronised."""
+    from verispec.core.engine import PHASE_SYNC_ENV
+
     synced: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setenv(PHASE_SYNC_ENV, "1")
     result = SpeculativeDecoder(_OnCuda(), OracleDrafter(7, 2)).generate([1, 2], max_new_tokens=9)
     assert synced == [torch.device("cuda", 0)] * (2 + 6 * result.num_steps + 1)
     synced.clear()
+    for setting in (None, "0"):
+        if setting is None:
+            monkeypatch.delenv(PHASE_SYNC_ENV)
+        else:
+            monkeypatch.setenv(PHASE_SYNC_ENV, setting)
+        SpeculativeDecoder(_OnCuda(), OracleDrafter(7, 2)).generate([1, 2], max_new_tokens=9)
+        assert synced == []
+    monkeypatch.setenv(PHASE_SYNC_ENV, "1")
     cpu_model = CountingModel()
     cpu_model.device = torch.device("cpu")  # type: ignore[attr-defined]
     for model in (CountingModel(), cpu_model):

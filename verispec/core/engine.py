@@ -27,6 +27,7 @@ candidates, recursive rejection for the rest). A verifier that declares
 from __future__ import annotations
 
 import functools
+import os
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -78,9 +79,11 @@ class StepStats:
     drafting (propose and observe), the target's tree forward, verification and the
     commit of the accepted path's KV entries.
 
-    On a CUDA target the clock is read after synchronising the target's device, so
-    kernel time is charged to the phase that launched it (not to the next phase's
-    first host sync); on the CPU no synchronisation happens.
+    On a CUDA target a step synchronises once, where the verdict is read: a phase's time
+    is its host time, and kernels still running are charged to the phase that waits for
+    them (verification, mostly). With ``VERISPEC_PHASE_SYNC=1`` the clock is read after
+    synchronising the device, so kernel time is charged to the phase that launched it;
+    on the CPU no synchronisation happens.
     """
 
     tree_size: int
@@ -207,13 +210,25 @@ class _StepEvent:
     result: GenerationResult | None
 
 
+PHASE_SYNC_ENV = "VERISPEC_PHASE_SYNC"
+"""Set to ``1`` to synchronise a CUDA target's device at every phase boundary of a step
+(read when a decoder is built), so that each phase's time holds its own kernels: for
+profiling. By default (``0``) a step synchronises once, where verification reads the
+verdict, and each phase's time is its host time (kernels still running are charged to
+whichever phase waits for them); the four other synchronisations made a small model's
+step measurably slower on a GPU (docs/benchmarks.rst, "The H200 report (2026-11-28)")."""
+
+
 def _clock_for(device: Any) -> Callable[[], float]:
-    """``time.perf_counter``, after synchronising ``device`` when it is a CUDA device.
+    """``time.perf_counter``, after synchronising ``device`` when it is a CUDA device and
+    ``VERISPEC_PHASE_SYNC=1`` (:data:`PHASE_SYNC_ENV`).
 
     CUDA kernels run after their launch returns: without the synchronisation a phase's
     clock stops before its kernels ran, and the next phase that syncs pays for them.
     """
     if device is None or torch.device(device).type != "cuda":
+        return time.perf_counter
+    if os.environ.get(PHASE_SYNC_ENV, "0").strip() != "1":
         return time.perf_counter
     cuda = torch.device(device)
 
@@ -557,7 +572,7 @@ class Engine:
                 finish = stop
                 last = (new_tokens[before:], stats)
                 break
-            held = time.perf_counter()  # the device was synchronised at t5: host time only
+            held = time.perf_counter()  # the consumer's pause: host time only
             yield _StepEvent(tuple(new_tokens[before:]), stats, None)
             paused += time.perf_counter() - held
 
