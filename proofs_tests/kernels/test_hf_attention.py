@@ -144,13 +144,18 @@ def test_a_causal_pass_builds_no_square_mask() -> None:
 
 
 def test_tree_attention_is_switched_on_only_where_triton_runs(triton_backend, device) -> None:  # type: ignore[no-untyped-def]
-    """``tree_attention_where_supported`` leaves a model's attention alone where the switch
-    picks PyTorch (the CPU by default) and, where it picks Triton (forced here), runs the
-    block with the "verispec" attention and restores the previous one after."""
+    """``tree_attention_where_supported`` leaves a model's attention alone by default (sdpa
+    is faster at the adapter's sizes, on CUDA too) and where PyTorch is asked for, and where
+    Triton is asked for, runs the block with the "verispec" attention and restores the
+    previous one after."""
     model = tiny_llama(dtype=torch.float32, device=device, seed=2).hf_model
     before = model.config._attn_implementation
+    with use_backend("auto"), hf_attention.tree_attention_where_supported(model) as switched:
+        assert not switched and model.config._attn_implementation == before
     with use_backend("torch"), hf_attention.tree_attention_where_supported(model) as switched:
         assert not switched and model.config._attn_implementation == before
+    with use_backend("triton"), hf_attention.tree_attention_where_supported(model) as switched:
+        assert switched and model.config._attn_implementation == "verispec"
     with hf_attention.tree_attention_where_supported(model, kernels="triton") as switched:
         assert switched and model.config._attn_implementation == "verispec"
     assert model.config._attn_implementation == before

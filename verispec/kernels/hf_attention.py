@@ -4,8 +4,9 @@
 matching mask builder, sdpa's, to ``AttentionMaskInterface``), so any model that
 follows the attention interface (Llama, Qwen2, Mistral, SmolLM2...) can run with
 ``model.set_attn_implementation("verispec")``; :func:`enable` does both, and
-:func:`tree_attention_where_supported` does it for the length of a ``with`` block when the
-kernel switch picks Triton for the model's device (the benchmark's engine runs use it).
+:func:`tree_attention_where_supported` does it for the length of a ``with`` block when Triton
+is asked for (the benchmark's engine runs use it; by default, sdpa stays: it is faster at
+these sizes).
 
 The function reads the usual arguments: queries (B, H, Q, D), keys and values
 (B, H_kv, S + Q, D) whose last Q entries are the queries' own, and a 4-D boolean
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from verispec.kernels.backend import interpreting, tree_attention_backend
+from verispec.kernels.backend import interpreting, requested_backend, tree_attention_backend
 from verispec.kernels.block_order import block_states
 from verispec.kernels.dtypes import FLOAT_DTYPES
 from verispec.kernels.ops import attention_blocks, launch_tree_attention
@@ -71,15 +72,20 @@ def enable(hf_model: Any) -> None:
 
 @contextlib.contextmanager
 def tree_attention_where_supported(hf_model: Any, kernels: str = "auto") -> Iterator[bool]:
-    """Inside the block ``hf_model`` runs the "verispec" attention if Triton is picked for it.
+    """Inside the block ``hf_model`` runs the "verispec" attention where Triton is asked for.
 
-    The pick is :func:`~verispec.kernels.backend.tree_attention_backend` for the device of
-    the model's first parameter: by default Triton on CUDA, so on the CPU nothing
-    changes. The previous attention implementation is restored on exit. Yields whether
-    the kernel was switched on.
+    Only on request: ``kernels="triton"``, or ``"auto"`` inside ``use_backend("triton")``
+    or with ``VERISPEC_KERNELS=triton`` (where
+    :func:`~verispec.kernels.backend.tree_attention_backend` allows it on the model's
+    device). By default the model keeps its own attention (sdpa with the tree mask), on
+    CUDA too: at the tree and context sizes the adapter runs, the kernel's fixed cost a
+    call loses to sdpa and made the adapter's step slower (docs/kernels.rst, "Tree
+    attention or sdpa"). The previous attention implementation is restored on exit.
+    Yields whether the kernel was switched on.
     """
     device = next(hf_model.parameters()).device
-    if tree_attention_backend(device, kernels) != "triton":
+    requested = kernels if kernels != "auto" else requested_backend()
+    if requested != "triton" or tree_attention_backend(device, requested) != "triton":
         yield False
         return
     previous = hf_model.config._attn_implementation
