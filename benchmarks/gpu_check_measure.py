@@ -350,7 +350,7 @@ def _keep_latency_table(check: Any, model: Any, name: str) -> str | None:
 
 STEP_SIZES = (0, 1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 127, 128, 160, 200, 255)
 STEP_CONFIGS: dict[str, dict[str, Any]] = {
-    "graphs": {},
+    "graphs": {"attention": "torch"},
     "graphs+triton-attention": {"attention": "triton"},
     "compiled+graphs+triton-attention": {"compile": True, "attention": "triton"},
     "invariant": {"batch_invariant": True},
@@ -359,7 +359,8 @@ STEP_CONFIGS: dict[str, dict[str, Any]] = {
 STEP_SMOLLM2 = ("graphs", "graphs+triton-attention", "compiled+graphs+triton-attention",
                 "invariant")  # fmt: skip
 """The runtime configurations the ``step`` and ``e2e`` stages compare (FastModel options):
-the default (CUDA graphs of the eager forward, attention over the whole cache), the Triton
+CUDA graphs of the eager forward with the torch attention over the whole cache (the
+default until 2026-11-28), the Triton
 static attention (the used slots only), the forward compiled by inductor before capture,
 and the batch-invariant products, norms and attention, without and with compiling."""
 STEP_7B = ("graphs", "graphs+triton-attention", "invariant")  # compiling 7B costs too long
