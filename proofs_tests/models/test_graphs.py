@@ -94,7 +94,8 @@ def test_a_tree_of_128_nodes_runs_a_graph() -> None:
 def test_compiled_static_path_follows_the_eager_forward() -> None:
     """``compile=True`` with graphs: inductor compiles the static forward once for every
     bucket (the row count symbolic), and its logits follow the eager runtime's (to 1e-5 of
-    their scale: fused norms and SwiGLU round differently) for a prefill and trees of three bucket sizes."""
+    their scale: fused norms and SwiGLU round differently) for a prefill and trees of three
+    bucket sizes."""
     from torch._dynamo.utils import counters
 
     eager, graphed = _pair(compile=True)
