@@ -475,10 +475,15 @@ def attend_prompt(
     if start > 0 or width != q_len:
         mask = torch.ones(q_len, slots, dtype=torch.bool, device=q.device)
         mask[:, slots - width :] = local_mask
+    values = cache_v[None, :, :slots, :head_dim]
+    if values.is_cuda:  # rows of D + 1 floats are not 16-byte aligned; fused CUDA kernels
+        # may load rows as 16-byte vectors. Suspected, not shown, in the 7B-shaped prompt
+        # pass's misaligned address on the H200 (docs/benchmarks.rst, 2026-11-28).
+        values = values.contiguous()
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         cache_k[None, :, :slots],
-        cache_v[None, :, :slots, :head_dim],
+        values,
         attn_mask=mask,
         is_causal=mask is None,
         scale=1.0,  # the softmax scale is folded into the query rows (from_hf)
