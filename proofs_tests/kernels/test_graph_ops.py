@@ -31,7 +31,7 @@ def _new(q_len: int, generator: torch.Generator, device: torch.device) -> list[t
     return [t.to(device) for t in (q, k, v)]
 
 
-@pytest.mark.parametrize(("q_len", "start"), [(1, 0), (2, 37), (9, 100), (40, 64), (81, 230)])
+@pytest.mark.parametrize(("q_len", "start"), [(1, 0), (9, 100), (81, 230)])
 def test_static_attention_equals_attend_static(
     device: torch.device, q_len: int, start: int
 ) -> None:
@@ -168,13 +168,13 @@ unit of their last place (2^-10, 2^-7) plus the interpreter's float32 products."
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 16, 17, 65, 130])
+@pytest.mark.parametrize("rows", [1, 17, 130])
 def test_invariant_linear_equals_the_product(
     device: torch.device, dtype: torch.dtype, rows: int
 ) -> None:
     """``x @ w.T + b`` summed in float64 and rounded once agrees with the kernel to the
-    dtype's rounding, for row counts around the 16-row tile and odd widths (K = 72,
-    N = 200, neither a multiple of a tile)."""
+    dtype's rounding, for one row, one past the 16-row tile and several tiles, and odd
+    widths (K = 72, N = 200, neither a multiple of a tile)."""
     from verispec.kernels.graph_ops import invariant_linear
 
     generator = torch.Generator().manual_seed(rows)
