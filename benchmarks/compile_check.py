@@ -317,7 +317,9 @@ def _kv_compaction(dtype: torch.dtype) -> Callable[[], Any]:
     return call
 
 
-def _static_attention(heads: int, kv_heads: int, d: int) -> Callable[[], Any]:
+def _static_attention(
+    heads: int, kv_heads: int, d: int, by_position: bool = False
+) -> Callable[[], Any]:
     def call() -> Any:
         from verispec.kernels.graph_ops import static_attention
 
@@ -325,7 +327,8 @@ def _static_attention(heads: int, kv_heads: int, d: int) -> Callable[[], Any]:
         k, v = torch.zeros(81, kv_heads, d), torch.zeros(81, kv_heads, d)
         cache_k, cache_v = torch.zeros(kv_heads, 512, d), torch.zeros(kv_heads, 512, d + 1)
         mask = torch.ones(81, 81, dtype=torch.bool).tril()
-        return static_attention(q, k, v, cache_k, cache_v, torch.tensor(300), mask)
+        where = torch.tensor(300)
+        return static_attention(q, k, v, cache_k, cache_v, where, mask, by_position=by_position)
 
     return call
 
@@ -349,7 +352,8 @@ def scenarios() -> dict[str, Callable[[], Any]]:
     prefill) and split over the prefix; greedy verification of float32 and float64
     logits and rejection verification at V = 49,152 over the "2.2.2" tree; Token
     Recycling's expansion and update; KV compaction in float16 and bfloat16; the graphed
-    runtime's static attention (SmolLM2's heads and a 7B shape's, float32) and the
+    runtime's static attention (SmolLM2's heads and a 7B shape's, float32, by slot tile and
+    by sequence position) and the
     batch-invariant product and norm in each dtype.
     """
     return {
@@ -369,6 +373,8 @@ def scenarios() -> dict[str, Callable[[], Any]]:
         "kv_compaction[bfloat16]": _kv_compaction(torch.bfloat16),
         "static_attention[float32]": _static_attention(9, 3, 64),
         "static_attention[float32,D=128]": _static_attention(32, 32, 128),
+        "static_attention[float32,by_position]": _static_attention(9, 3, 64, by_position=True),
+        "static_attention[float32,D=128,by_position]": _static_attention(32, 32, 128, True),
         "batch_invariant[float16]": _invariant(torch.float16),
         "batch_invariant[bfloat16]": _invariant(torch.bfloat16),
         "batch_invariant[float32]": _invariant(torch.float32),

@@ -61,6 +61,7 @@ def test_every_kernel_compiles_to_a_cubin_without_spills(tmp_path: Path) -> None
         "adjacency_update_kernel",
         "kv_compaction_kernel",
         "static_attention_kernel",
+        "static_attention_rows_kernel",
         "batch_invariant_kernel",
         "rms_norm_rows_kernel",
     }

@@ -97,6 +97,42 @@ def test_rows_do_not_depend_on_the_pass_size(device: torch.device) -> None:
     assert all(torch.equal(roots[0], root) for root in roots[1:])
 
 
+def test_by_position_a_branching_trees_rows_equal_sequential_rows(device: torch.device) -> None:
+    """With ``by_position`` every node of a branching tree gets exactly the bits of a one-row
+    pass for the same token after its ancestors were committed at consecutive slots (as
+    the runtime's compaction leaves them): the keys are summed in sequence order, not by
+    the slots the tree pass wrote them to. Without it the rows agree to rounding only.
+    (No ``tl.dot`` here: the interpreter's sums are the GPU's in order, so this holds in
+    both.)"""
+    generator = torch.Generator().manual_seed(9)
+    cache_k, cache_v = _cache(generator, device)
+    start = 45  # the tree's slots straddle the 32-slot key tiles
+    parents = [-1, -1, 0, 0, 1, 2, 2, 5, 3, 7, 4, 9]
+    n = len(parents)
+    q, k, v = _new(n, generator, device)
+    mask = DraftTree.from_parents(torch.zeros(n, dtype=torch.long), parents).ancestor_mask
+    mask = mask.to(device)
+    where = torch.tensor(start, device=device)
+    tree_k, tree_v = cache_k.clone(), cache_v.clone()
+    tree = static_attention(q, k, v, tree_k, tree_v, where, mask, by_position=True)
+    loose = static_attention(q, k, v, cache_k.clone(), cache_v.clone(), where, mask)
+    for node in range(n):
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()  # root first
+        seq_k, seq_v = cache_k.clone(), cache_v.clone()
+        for depth, ancestor in enumerate(path[:-1]):  # committed, compacted
+            seq_k[:, start + depth] = tree_k[:, start + ancestor]
+            seq_v[:, start + depth] = tree_v[:, start + ancestor]
+        one = torch.ones(1, 1, dtype=torch.bool, device=device)
+        here = torch.tensor(start + len(path) - 1, device=device)
+        alone = static_attention(q[node : node + 1], k[node : node + 1], v[node : node + 1],
+                                 seq_k, seq_v, here, one, by_position=True)  # fmt: skip
+        assert torch.equal(alone[0], tree[node]), node
+        assert (loose[node] - tree[node]).abs().max().item() < 1e-5
+
+
 def test_compiled_static_attention_equals_eager(device: torch.device) -> None:
     """Inside ``torch.compile(fullgraph=True, dynamic=True)`` the kernel is one opaque
     operator: the compiled function gives the eager function's bits, for two pass sizes
@@ -149,7 +185,7 @@ def test_the_runtime_runs_it_in_its_static_passes(device: torch.device) -> None:
         model._shared.wrapper = GraphedForward(model.transformer, capture=False)
         models.append(model)
     assert all(
-        block.attention.static_attention is static_attention
+        block.attention.static_attention.func is static_attention  # type: ignore[attr-defined]
         for block in models[1].transformer.blocks
     )
     tree = DraftTree.from_parents([7, 8, 9, 10, 11], [-1, 0, 1, -1, 3])

@@ -68,21 +68,32 @@ def _static_attention_op(
     cache_v: torch.Tensor,
     where: torch.Tensor,
     local_mask: torch.Tensor,
+    by_position: bool,
 ) -> torch.Tensor:
     q_len, heads, head_dim = q.shape
     out = torch.empty(q_len, heads, head_dim, dtype=torch.float32, device=q.device)
     mask = local_mask.view(torch.uint8) if local_mask.dtype == torch.bool else local_mask
     block_m, block_n = ATTENTION_TILES
-    kernel = kernel_module("static_attention").static_attention_kernel
+    module = kernel_module("static_attention")
+    strides = (
+        q.stride(0), q.stride(1), cache_k.stride(0), cache_k.stride(1),
+        cache_v.stride(0), cache_v.stride(1), out.stride(0), out.stride(1), mask.stride(0),
+    )  # fmt: skip
     with launch_device(q.device):
-        kernel[(triton.cdiv(q_len, block_m), heads)](
-            q, cache_k, cache_v, out, mask, where.reshape(1),
-            q.stride(0), q.stride(1), cache_k.stride(0), cache_k.stride(1),
-            cache_v.stride(0), cache_v.stride(1), out.stride(0), out.stride(1),
-            mask.stride(0), q_len, heads // cache_k.shape[0],
-            HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_D=triton.next_power_of_2(head_dim), PRECISION="ieee",
-        )  # fmt: skip
+        if by_position:
+            module.static_attention_rows_kernel[(q_len, heads)](
+                q, cache_k, cache_v, out, mask, where.reshape(1), *strides,
+                q_len, heads // cache_k.shape[0],
+                HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(head_dim),
+                BLOCK_Q=triton.next_power_of_2(q_len),
+            )  # fmt: skip
+        else:
+            module.static_attention_kernel[(triton.cdiv(q_len, block_m), heads)](
+                q, cache_k, cache_v, out, mask, where.reshape(1), *strides,
+                q_len, heads // cache_k.shape[0],
+                HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+                BLOCK_D=triton.next_power_of_2(head_dim), PRECISION="ieee",
+            )  # fmt: skip
     return out.to(q.dtype)
 
 
@@ -93,6 +104,7 @@ def _(
     cache_v: torch.Tensor,
     where: torch.Tensor,
     local_mask: torch.Tensor,
+    by_position: bool,
 ) -> torch.Tensor:
     return q.new_empty(q.shape)
 
@@ -105,11 +117,20 @@ def static_attention(
     cache_v: torch.Tensor,
     where: torch.Tensor,
     local_mask: torch.Tensor,
+    *,
+    by_position: bool = False,
 ) -> torch.Tensor:
     """:func:`~verispec.models.llama.attend_static` on the Triton kernel: the new keys and
     values written at slots ``where + i`` (a 0-d int64 tensor on the device), then each query
     attends to the committed slots and, among the new ones, to what ``local_mask`` (Shape:
     (Q, Q)) allows, reading only slots ``[0, where + Q)``.
+
+    ``by_position``: each row sums its keys in sequence order (committed slots, then its
+    visible new keys in column order, a tree's ancestors root first), one row a program
+    (``static_attention_rows_kernel``), so that a branching tree's node has exactly the
+    bits of the same token decoded after its ancestors were committed
+    (``batch_invariant=True``). Without it rows of 16 share key tiles by slot: the same
+    bits for a chain only.
 
     q: (Q, H, D); k, v: (Q, H_kv, D); cache_k: (H_kv, S, D); cache_v: (H_kv, S, D or more),
     float32 or float64 (the runtime's activations); returns (Q, H * D). A row's result does
@@ -136,7 +157,7 @@ def static_attention(
     cache_k.index_copy_(1, slots, k.transpose(0, 1))
     cache_v[..., :head_dim].index_copy_(1, slots, v.transpose(0, 1))
     q = q if q.stride(-1) == 1 else q.contiguous()
-    out = _static_attention_op(q, cache_k, cache_v, where, local_mask)
+    out = _static_attention_op(q, cache_k, cache_v, where, local_mask, by_position)
     return out.reshape(q_len, heads * head_dim)
 
 

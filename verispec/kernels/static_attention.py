@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["static_attention_kernel"]
+__all__ = ["static_attention_kernel", "static_attention_rows_kernel"]
 
 
 @triton.jit
@@ -100,4 +100,75 @@ def static_attention_kernel(
         o_ptr + offs_m[:, None] * stride_om + head * stride_oh + offs_d[None, :],
         out,
         mask=row_valid[:, None] & d_valid[None, :],
+    )
+
+
+@triton.jit
+def static_attention_rows_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, where_ptr,
+    stride_qm, stride_qh,
+    stride_kh, stride_ks,
+    stride_vh, stride_vs,
+    stride_om, stride_oh,
+    stride_mm,
+    q_len, num_groups,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+):  # fmt: skip
+    """Grid: (Q, H). One query row of one head, its keys taken in **sequence order**: the
+    committed slots ``[0, where)``, then the new keys its mask row allows, in column order
+    (a tree's ancestors, root first), at positions ``where, where + 1, ...``. Tiles of
+    ``BLOCK_N`` positions, each score a sum over D of one row's products: a tree node's
+    row then has exactly the bits of the same token decoded alone after its ancestors
+    were committed and compacted (same keys at the same positions, same tiles, same order),
+    whatever slots the ancestors took in the tree pass. Shapes as
+    :func:`static_attention_kernel`'s; ``BLOCK_Q`` >= Q."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // num_groups
+    start = tl.load(where_ptr)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_c = tl.arange(0, BLOCK_Q)
+    d_valid = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + row * stride_qm + head * stride_qh + offs_d, mask=d_valid, other=0.0)
+    q = q.to(tl.float32)
+    visible = tl.load(mask_ptr + row * stride_mm + offs_c, mask=offs_c < q_len, other=0) != 0
+    rank = tl.cumsum(visible.to(tl.int32), axis=0) - 1  # a visible column's place in order
+    count = tl.sum(visible.to(tl.int32), axis=0)
+    end = start + count
+
+    m_i = tl.full((), float("-inf"), tl.float32)
+    l_i = tl.zeros((), tl.float32)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for first in range(0, end, BLOCK_N):
+        position = first + offs_n
+        valid = position < end
+        # a new key's column: the visible column whose rank is its place after `start`
+        match = visible[None, :] & (rank[None, :] == (position - start)[:, None])
+        column = tl.sum(tl.where(match, offs_c[None, :], 0), axis=1)
+        slot = tl.where(position < start, position, start + column)
+        kv_mask = valid[:, None] & d_valid[None, :]
+        k = tl.load(
+            k_ptr + kv_head * stride_kh + slot[:, None] * stride_ks + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        ).to(tl.float32)
+        v = tl.load(
+            v_ptr + kv_head * stride_vh + slot[:, None] * stride_vs + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        ).to(tl.float32)
+        scores = tl.sum(q[None, :] * k, axis=1)  # (BLOCK_N,)
+        scores = tl.where(valid, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m_i = m_new
+    tl.store(
+        o_ptr + row * stride_om + head * stride_oh + offs_d,
+        acc / tl.where(l_i == 0.0, 1.0, l_i),
+        mask=d_valid,
     )

@@ -240,8 +240,9 @@ class FastModel(TreeSequenceModel):
         if attention == "triton":
             from verispec.kernels.graph_ops import static_attention
 
+            core = functools.partial(static_attention, by_position=batch_invariant)
             for block in transformer.blocks:
-                block.attention.static_attention = static_attention
+                block.attention.static_attention = core
         blocks = _use_blocks(transformer, weights, device) if weights != "dense" else 0
         if prepack is True and not can_prepack(device, weight_dtype):
             raise ConfigError(
