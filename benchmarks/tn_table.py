@@ -8,7 +8,8 @@ For each thread count and each n, one target step over n new tokens after a
 ``--context``-token prompt of random tokens, the median of ``--repeats``:
 
 * **verispec**: :func:`verispec.drafters.budget.measure_latency` on the default model
-  (a fresh tree of n nodes each repetition, the root included: ``n`` tokens);
+  (a fresh tree of n nodes each repetition, the root included: ``n`` tokens), in each
+  ``--arithmetic`` (``exact``: float32 products; ``int8``: integer products);
 * **llama.cpp**: ``Llama.eval`` of n random tokens after the same context (rewound to the
   context before each repetition), logits for the last token only, and again with logits
   for every row (``logits_all``, what verifying a tree needs).
@@ -64,18 +65,25 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2,3,4,8,16")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument(
+        "--arithmetic", default="exact,int8", help="comma-separated: exact, int8 (both by default)"
+    )
+    parser.add_argument("--no-llama-cpp", action="store_true", help="verispec's rows only")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    model, _ = load_default_model()
+    models = [
+        load_default_model(arithmetic=a, keep_source=False)[0] for a in args.arithmetic.split(",")
+    ]
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        table = measure_latency(
-            model, [n - 1 for n in sizes], context=args.context, repeats=args.repeats
-        )
-        ours = {n: table.at(torch.tensor([n - 1]), args.context).item() for n in sizes}
-        rows.append((threads, f"verispec ({getattr(model, 'runtime', 'HF')})", ours))
-        for logits_all in (False, True):
+        for model in models:
+            table = measure_latency(
+                model, [n - 1 for n in sizes], context=args.context, repeats=args.repeats
+            )
+            ours = {n: table.at(torch.tensor([n - 1]), args.context).item() for n in sizes}
+            rows.append((threads, f"verispec ({getattr(model, 'runtime', 'HF')})", ours))
+        for logits_all in () if args.no_llama_cpp else (False, True):
             label = "llama.cpp" + (", logits for every row" if logits_all else "")
             rows.append(
                 (

@@ -18,6 +18,8 @@
  *   1  Q4_1      struct { float d, m; uint8 q[16]; }  w[i] = q_i * d + m, q_i in 0..15:
  *                byte j holds q_j (low nibble) and q_{j+16} (high nibble)
  *   2  Q8_0      struct { float d; int8 q[32]; }       w[i] = q_i * d
+ *   3, 4         Q4_1 / Q8_0 in panels of eight rows, multiplied in integers
+ *                (arithmetic="int8"): handed to vs_linear_int8 (_cpu_int8.c)
  */
 #include "_cpu_simd.h"
 #include <stdint.h>
@@ -307,10 +309,14 @@ static void tile(const float *x, int64_t M, int64_t K, const float *w, int nr, f
     }
 }
 
+int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *weight,
+                   int64_t N, const float *bias, float *y, int threads);
+
 /* y (M x N, row-major) = x (M x K, row-major) W^T + bias, on `threads` threads.
  * Returns 0, or -1 if K does not suit the format or memory ran out. */
 int vs_linear(int kind, const float *x, int64_t M, int64_t K, const void *weight, int64_t N,
               const float *bias, float *y, int threads) {
+    if (kind == 3 || kind == 4) return vs_linear_int8(kind, x, M, K, weight, N, bias, y, threads);
     if (K % 32 != 0 || kind < 0 || kind > 2) return -1;
     int64_t row_bytes = kind == 0 ? K * 4 : (K / 32) * vs_block_bytes(kind);
     int64_t tiles = (N + NR - 1) / NR;

@@ -44,12 +44,20 @@ from verispec.kernels.cpu_build import build, source_hash
 from verispec.models._linear_op import PACKED_LINEAR
 
 __all__ = [
+    "ARITHMETICS",
     "FORMATS",
+    "INT8_KINDS",
+    "INT8_PATHS",
     "BlockLinear",
     "Format",
     "kernel_status",
     "library",
+    "from_panels",
+    "int8_path",
+    "int8_paths",
+    "quantize_activations",
     "quantize_blocks",
+    "to_panels",
     "recover_blocks",
     "source_id",
 ]
@@ -57,10 +65,21 @@ __all__ = [
 Format = Literal["float32", "q4_1", "q8_0"]
 FORMATS: dict[str, int] = {"float32": 0, "q4_1": 1, "q8_0": 2}
 """The weight formats the kernel reads, by name, with the C code's number for each."""
+ARITHMETICS = ("exact", "int8")
+"""How a :class:`BlockLinear` multiplies (its ``arithmetic``): ``"exact"`` widens the weights
+to float32 and sums in float32 (the model unchanged); ``"int8"`` multiplies the weights' codes
+by 8-bit codes of the activations in integer instructions (``_cpu_int8.c``): a different
+model, the one llama.cpp computes (docs/runtime.rst, "Integer arithmetic")."""
+INT8_KINDS: dict[str, int] = {"q4_1": 3, "q8_0": 4}
+"""The C code's number for each format multiplied in integers (weights in panels of 8 rows)."""
+INT8_PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
+"""The integer kernel's instruction paths, by the C code's number (``vs_int8_paths``)."""
+_PANEL = 8  # output rows per panel of the integer kernel
 _BLOCK = 32  # weights per block, both formats
 _BLOCK_BYTES = {"q4_1": 24, "q8_0": 36}  # float d, float m, 16 nibble bytes / float d, 32 int8
 _SOURCES = tuple(
-    Path(__file__).with_name(n) for n in ("_cpu_linear.c", "_cpu_attention.c", "_cpu_layer.c")
+    Path(__file__).with_name(n)
+    for n in ("_cpu_linear.c", "_cpu_attention.c", "_cpu_layer.c", "_cpu_int8.c")
 )
 _HEADERS = (Path(__file__).with_name("_cpu_simd.h"),)
 _STATE: dict[str, object] = {}
@@ -92,9 +111,17 @@ def _build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     forward += [ctypes.c_float, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, ptr]
     lib.vs_forward.argtypes = [*forward, ctypes.c_int]
     lib.vs_forward.restype = ctypes.c_int
+    lib.vs_panel_bytes.argtypes = [ctypes.c_int]
+    lib.vs_int8_paths.restype = lib.vs_int8_path.restype = ctypes.c_int
+    lib.vs_int8_use_path.argtypes = [ctypes.c_int]
+    lib.vs_int8_use_path.restype = ctypes.c_int
+    lib.vs_quantize_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
+    lib.vs_quantize_rows.restype = ctypes.c_int
     for name, size in _BLOCK_BYTES.items():
         if lib.vs_block_bytes(FORMATS[name]) != size:  # the C struct layout is what we write
             raise RuntimeError(f"the built kernel's {name} block is not {size} bytes")
+        if lib.vs_panel_bytes(INT8_KINDS[name]) != _PANEL * size:
+            raise RuntimeError(f"the built kernel's {name} panel is not {_PANEL * size} bytes")
     return lib
 
 
@@ -232,6 +259,115 @@ def holds_blocks(model: nn.Module) -> bool:
     return any(recover_blocks(weight, fmt) is not None for fmt in ("q4_1", "q8_0"))
 
 
+# -- integer arithmetic ------------------------------------------------------------------
+
+
+def to_panels(blocks: torch.Tensor, fmt: Format, out_features: int) -> torch.Tensor:
+    """Packed blocks (:func:`recover_blocks`' layout) regrouped as the integer kernel reads
+    them (``_cpu_int8.c``): panels of eight output rows (zero rows past ``out_features``);
+    per block, the eight rows' scales (and minimums, Q4_1), then their codes interleaved
+    four by four, so that one 32-byte vector holds four consecutive codes of each row.
+
+    Args:
+        blocks: uint8, Shape: (N, K / 32 * block bytes).
+        fmt: ``"q4_1"`` or ``"q8_0"``.
+
+    Returns:
+        uint8, Shape: (ceil(N / 8), K / 32 * 8 * block bytes).
+    """
+    size = _BLOCK_BYTES[fmt]
+    if blocks.shape[0] != out_features or blocks.shape[1] % size:
+        raise ValueError(f"{fmt} blocks must be {out_features} rows of whole blocks")
+    padded = -(-out_features // _PANEL) * _PANEL
+    grid = torch.zeros(padded, blocks.shape[1] // size, size, dtype=torch.uint8)
+    grid[:out_features] = blocks.reshape(out_features, -1, size)
+    panels, nb = padded // _PANEL, grid.shape[1]
+    grid = grid.reshape(panels, _PANEL, nb, size).transpose(1, 2)  # (P, nb, row j, size)
+    heads = 8 if fmt == "q4_1" else 4  # float d, m / float d
+    scales = grid[..., :heads].reshape(panels, nb, _PANEL, heads // 4, 4).transpose(2, 3)
+    raw = grid[..., heads:]
+    if fmt == "q4_1":  # codes 0..15 (GGUF: byte t holds code t low, code t + 16 high)
+        codes = torch.cat([raw & 15, raw >> 4], dim=-1)  # (P, nb, j, 32)
+        codes = codes.reshape(panels, nb, _PANEL, 4, 2, 4).permute(0, 1, 3, 2, 4, 5)
+        packed = codes[..., 0, :] | (codes[..., 1, :] << 4)  # (P, nb, v, j, b)
+    else:
+        packed = raw.reshape(panels, nb, _PANEL, 8, 4).transpose(2, 3)
+    parts = [scales.reshape(panels, nb, -1), packed.reshape(panels, nb, -1)]
+    return torch.cat(parts, dim=-1).reshape(panels, -1).contiguous()
+
+
+def from_panels(panels: torch.Tensor, fmt: Format, out_features: int) -> torch.Tensor:
+    """:func:`to_panels` undone: the packed blocks, Shape: (out_features, K / 32 * block bytes)."""
+    size, heads = _BLOCK_BYTES[fmt], (8 if fmt == "q4_1" else 4)
+    count = panels.shape[0]
+    grid = panels.reshape(count, -1, _PANEL * size)
+    nb = grid.shape[1]
+    scales = grid[..., : _PANEL * heads].reshape(count, nb, heads // 4, _PANEL, 4).transpose(2, 3)
+    if fmt == "q4_1":
+        packed = grid[..., _PANEL * heads :].reshape(count, nb, 4, _PANEL, 4)
+        codes = torch.stack([packed & 15, packed >> 4], dim=-2)  # (P, nb, v, j, h, b)
+        codes = codes.permute(0, 1, 3, 2, 4, 5).reshape(count, nb, _PANEL, 32)
+        raw = codes[..., :16] | (codes[..., 16:] << 4)
+    else:
+        raw = grid[..., _PANEL * heads :].reshape(count, nb, 8, _PANEL, 4).transpose(2, 3)
+        raw = raw.reshape(count, nb, _PANEL, 32)
+    rows = torch.cat([scales.reshape(count, nb, _PANEL, heads), raw], dim=-1)
+    return rows.transpose(1, 2).reshape(count * _PANEL, nb * size)[:out_features].contiguous()
+
+
+def int8_paths() -> tuple[str, ...]:
+    """The integer kernel's instruction paths this CPU runs (:data:`INT8_PATHS`), the
+    portable C first; all give the same bits."""
+    lib = library()
+    if lib is None:
+        return ()
+    mask = lib.vs_int8_paths()
+    return tuple(name for bit, name in enumerate(INT8_PATHS) if mask >> bit & 1)
+
+
+def int8_path(name: str | None = None) -> str:
+    """The integer kernel's path in use; with ``name``, use that one from now on (``"auto"``:
+    the fastest this CPU runs, the default) and return it.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`INT8_PATHS` or ``"auto"``, or this CPU
+            cannot run it.
+    """
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the block kernel is unavailable: {_STATE['why']}")
+    if name is not None:
+        if name != "auto" and name not in INT8_PATHS:
+            raise ValueError(f"`name` must be 'auto' or one of {INT8_PATHS}; got {name!r}")
+        number = -1 if name == "auto" else INT8_PATHS.index(name)
+        if lib.vs_int8_use_path(number) != 0:
+            raise ValueError(f"this CPU cannot run the {name} path; it runs {int8_paths()}")
+    return INT8_PATHS[lib.vs_int8_path()]
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The integer kernel's codes of ``x``'s rows (llama.cpp's Q8_1, per 32 values of a row):
+    ``d = max |x| / 127``, ``q = round-half-even(x * (1 / d))``, ``s = d * sum(q)``.
+
+    Args:
+        x: float32, Shape: (M, K), K a multiple of 32.
+
+    Returns:
+        ``q`` int8 (M, K), ``d`` and ``s`` float32 (M, K / 32).
+    """
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the block kernel is unavailable: {_STATE['why']}")
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] % _BLOCK:
+        raise ValueError(f"`x` must be float32 (M, K), K a multiple of 32; got {tuple(x.shape)}")
+    x = x.contiguous()
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.int8)
+    d, s = torch.empty(m, k // _BLOCK), torch.empty(m, k // _BLOCK)
+    lib.vs_quantize_rows(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), s.data_ptr())
+    return q, d, s
+
+
 # -- the product -------------------------------------------------------------------------
 
 
@@ -272,18 +408,29 @@ class BlockLinear(nn.Module):
 
     Attributes:
         fmt: ``"q4_1"``, ``"q8_0"`` or ``"float32"``.
-        blocks: the weight as the kernel reads it (uint8 blocks, or the float32 matrix).
+        arithmetic: ``"exact"`` (float32 products of the widened weights) or ``"int8"``
+            (:data:`ARITHMETICS`; Q4_1 and Q8_0 only).
+        blocks: the weight as the kernel reads it (uint8 blocks, their panels for ``int8``,
+            or the float32 matrix).
         bias: float32 or ``None``.
         weight_dtype: ``torch.float32``: the dtype inputs must have.
     """
 
     def __init__(
         self, fmt: Format, blocks: torch.Tensor, in_features: int, out_features: int,
-        bias: torch.Tensor | None,
+        bias: torch.Tensor | None, arithmetic: str = "exact",
     ) -> None:  # fmt: skip
         super().__init__()
-        self.fmt, self.kind = fmt, FORMATS[fmt]
+        if arithmetic not in ARITHMETICS or (arithmetic == "int8" and fmt not in INT8_KINDS):
+            raise ValueError(
+                f"`arithmetic` must be one of {ARITHMETICS} (int8 for {tuple(INT8_KINDS)} "
+                f"blocks); got {arithmetic!r} for {fmt}"
+            )
+        self.fmt, self.arithmetic = fmt, arithmetic
+        self.kind = INT8_KINDS[fmt] if arithmetic == "int8" else FORMATS[fmt]
         self.in_features, self.out_features = in_features, out_features
+        if arithmetic == "int8":
+            blocks = to_panels(blocks, fmt, out_features)
         self.blocks: torch.Tensor
         self.register_buffer("blocks", blocks.contiguous())
         self.bias = None if bias is None else bias.detach().float().contiguous()
@@ -300,15 +447,21 @@ class BlockLinear(nn.Module):
         return cast(BlockLinear, super()._apply(fn, recurse))
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, formats: tuple[Format, ...]) -> BlockLinear | None:
+    def from_linear(
+        cls, linear: nn.Linear, formats: tuple[Format, ...], arithmetic: str = "exact"
+    ) -> BlockLinear | None:
         """The first of ``formats`` that holds ``linear``'s weight exactly, or ``None``."""
         weight = linear.weight.detach()
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return None
         for fmt in formats:
+            if arithmetic == "int8" and fmt not in INT8_KINDS:
+                continue
             blocks = weight.contiguous() if fmt == "float32" else recover_blocks(weight, fmt)
             if blocks is not None and weight.shape[1] % _BLOCK == 0:
-                return cls(fmt, blocks, linear.in_features, linear.out_features, linear.bias)
+                return cls(
+                    fmt, blocks, linear.in_features, linear.out_features, linear.bias, arithmetic
+                )
         return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -326,26 +479,39 @@ class BlockLinear(nn.Module):
         :class:`~verispec.models.llama.PassInputs`): the widened weight's float32 GEMM, the
         same values, bit for bit, multiplied by the BLAS torch uses, which nears the core's
         arithmetic peak on many rows where the block kernel's fixed summation order does
-        not (1.6x on a 212-token prompt, AVX2); its rows are not row-invariant."""
+        not; its rows are not row-invariant. With ``arithmetic="int8"``, the integer
+        product itself: a prompt runs on the same model as decoding."""
         return self.widened_product()(x)
 
     def widened_product(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """:meth:`widened` for several row chunks of one pass, the weight widened once."""
+        if self.arithmetic == "int8":
+            return self.eager
         weight = self.dequantized()
         return lambda x: F.linear(x, weight, self.bias)
 
     def dequantized(self) -> torch.Tensor:
-        """The weight as the product sees it, float32, Shape: (out_features, in_features)."""
+        """The weight its codes stand for, float32, Shape: (out_features, in_features) (for
+        ``exact``, what the product multiplies by)."""
         if self.fmt == "float32":
             return self.blocks.clone()
         lib = library()
         if lib is None:
             raise RuntimeError(f"the block kernel is unavailable: {_STATE['why']}")
+        blocks = self.blocks if self.arithmetic == "exact" else self._unpanelled()
         out = torch.empty(self.out_features, self.in_features)
         lib.vs_dequantize(
-            self.kind, self.blocks.data_ptr(), self.out_features, self.in_features, out.data_ptr()
-        )
+            FORMATS[self.fmt], blocks.data_ptr(), self.out_features, self.in_features,
+            out.data_ptr(),
+        )  # fmt: skip
         return out
 
+    def _unpanelled(self) -> torch.Tensor:
+        """The packed blocks (:func:`recover_blocks`' layout) back from the panels."""
+        return from_panels(self.blocks, cast(Format, self.fmt), self.out_features)
+
     def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}, format={self.fmt}"
+        return (
+            f"{self.in_features}, {self.out_features}, format={self.fmt}, "
+            f"arithmetic={self.arithmetic}"
+        )

@@ -68,6 +68,7 @@ def load_default_model(
     compile: bool = False,
     keep_source: bool = True,
     weights: str = "auto",
+    arithmetic: str = "exact",
 ) -> tuple[FastModel | HFModel, Any]:
     """Load SmolLM2-135M-Instruct and its tokenizer.
 
@@ -91,6 +92,8 @@ def load_default_model(
         weights: see :func:`make_target`. With the default, the embedded model's products
             read its GGUF file's own Q4_1 and Q8_0 blocks (the same weights, a sixth of
             the bytes).
+        arithmetic: see :func:`make_target`: ``"int8"`` multiplies those blocks' codes by
+            8-bit activations in integer instructions (a different model, llama.cpp's).
 
     Returns:
         ``(model, tokenizer)``: a :class:`FastModel` (or an :class:`HFModel`), and a
@@ -113,5 +116,6 @@ def load_default_model(
         compile=compile,
         keep_source=keep_source,
         weights=weights,
+        arithmetic=arithmetic,
     )
     return model, tokenizer

@@ -128,6 +128,7 @@ def load_model(
     compile: bool = False,
     keep_source: bool = True,
     weights: str = "auto",
+    arithmetic: str = "exact",
 ) -> tuple[Any, Any]:
     """Load a causal LM from a local directory or GGUF file, and its tokenizer.
 
@@ -135,7 +136,8 @@ def load_model(
         path: a ``save_pretrained`` directory or a ``.gguf`` file.
         tokenizer: a directory holding the tokenizer, when ``path`` has none (or another
             one is wanted).
-        dtype, device, runtime, max_length, cache_dir, compile, keep_source, weights: as for
+        dtype, device, runtime, max_length, cache_dir, compile, keep_source, weights,
+            arithmetic: as for
             :func:`~verispec.models.default.load_default_model`. ``dtype="auto"`` is decided
             by the weights (:func:`~verispec.kernels.dtypes.auto_dtype`), for a directory as
             for a GGUF file: they are read in float32 where GGUF blocks would keep it, and
@@ -177,7 +179,7 @@ def load_model(
     else:
         hf_model = _read_causal_lm(source, dtype, what)
     hf_model = hf_model.to(device)
-    if auto and dtype == torch.float32:  # float32 only where the blocks are found
+    if auto and dtype == torch.float32 and arithmetic == "exact":  # float32 where blocks are
         dtype = auto_dtype(device, blocks=holds_blocks(hf_model))
         if dtype != torch.float32:  # cast only then: `to` casts the buffers too
             hf_model = hf_model.to(dtype)
@@ -197,6 +199,7 @@ def load_model(
         compile=compile,
         keep_source=keep_source,
         weights=weights,
+        arithmetic=arithmetic,
     )
     kept = getattr(model, "hf_model", None)  # None where keep_source=False dropped it
     if kept is not None and max_length is not None:

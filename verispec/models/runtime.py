@@ -63,6 +63,7 @@ from verispec.models.buckets import BUCKETS, BucketedForward
 from verispec.models.cpu_attention import cpu_attention_available
 from verispec.models.cpu_layer import LayerKernel
 from verispec.models.cpu_linear import (
+    ARITHMETICS,
     BlockLinear,
     Format,
     holds_blocks,
@@ -172,6 +173,17 @@ class FastModel(TreeSequenceModel):
             (:func:`verispec.kernels.graph_ops.static_attention`; needs CUDA or Triton's
             interpreter). ``"auto"`` picks it with CUDA graphs where Triton is installed;
             ``batch_invariant=True`` implies it.
+        arithmetic: how the CPU block products multiply (:data:`~verispec.models.cpu_linear.ARITHMETICS`).
+            ``"exact"`` (default): float32 products of the widened weights, the model
+            unchanged. ``"int8"``: each row's activations are rounded to 8-bit codes per
+            32 values (llama.cpp's Q8_1) and multiplied by the weights' codes in integer
+            instructions (``_cpu_int8.c``), the LM head and the prompt pass included: a
+            *different model*, the one llama.cpp computes, about twice as fast per tree
+            row. Matrices that are exactly Q4_1 or Q8_0 blocks keep their codes; any other
+            (a dense model) is rounded to Q8_0 blocks at load. Needs the CPU kernel, float32
+            (``dtype`` float32 or ``"auto"``) and ``weights`` other than ``"dense"``.
+            Speculative decoding is exact with respect to this model: every method's
+            answer equals its own ``ar``'s (docs/runtime.rst, "Integer arithmetic").
 
     The caches are kept across sequences (``reset`` forgets the tokens, not the
     buffers), so a second generation allocates nothing.
@@ -194,9 +206,12 @@ class FastModel(TreeSequenceModel):
         weights: str = "auto",
         attention: str = "auto",
         batch_invariant: bool = False,
+        arithmetic: str = "exact",
     ) -> None:
         boolean("keep_source", keep_source)
         boolean("batch_invariant", batch_invariant)
+        if arithmetic not in ARITHMETICS:
+            raise ConfigError(f"`arithmetic` must be one of {ARITHMETICS}; got {arithmetic!r}.")
         if attention not in ("auto", "torch", "triton"):
             raise ConfigError(
                 f"`attention` must be 'auto', 'torch' or 'triton'; got {attention!r}."
@@ -212,6 +227,8 @@ class FastModel(TreeSequenceModel):
             integer("max_length", max_length, 2)
             context = min(context, max_length)
         device = next(hf_model.parameters()).device
+        if arithmetic == "int8":
+            dtype = _int8_dtype(device, dtype, weights, batch_invariant)
         if dtype == "auto":
             dtype = auto_dtype(device, blocks=holds_blocks(hf_model))
         if dtype is not None and dtype not in FLOAT_DTYPES:
@@ -243,7 +260,9 @@ class FastModel(TreeSequenceModel):
             core = functools.partial(static_attention, by_position=batch_invariant)
             for block in transformer.blocks:
                 block.attention.static_attention = core
-        blocks = _use_blocks(transformer, weights, device) if weights != "dense" else 0
+        blocks = (
+            _use_blocks(transformer, weights, device, arithmetic) if weights != "dense" else 0
+        )
         if prepack is True and not can_prepack(device, weight_dtype):
             raise ConfigError(
                 f"`prepack=True` needs a CPU with oneDNN and float32 or native bfloat16 "
@@ -260,6 +279,7 @@ class FastModel(TreeSequenceModel):
             source_name=type(hf_model).__name__,
             eos_token_id=_eos_token_id(hf_model),
             blocks=blocks,
+            arithmetic=arithmetic,
             batch_invariant=batch_invariant,
             triton_attention=attention == "triton",
         )
@@ -365,13 +385,15 @@ class FastModel(TreeSequenceModel):
     def runtime(self) -> str:
         """What runs the forward: ``"eager"``, ``"compiled"``, ``"cuda-graphs"`` or
         ``"compiled+cuda-graphs"``, plus ``"+GGUF blocks"`` if products read low-bit blocks
-        (``weights``), ``"+oneDNN"`` if weights are prepacked, ``"+C attention"`` if the
+        (``weights``), ``"+int8 products"`` with ``arithmetic="int8"``, ``"+oneDNN"`` if weights are prepacked, ``"+C attention"`` if the
         attention is one C call a layer, ``"+Triton attention"`` if the static passes run
         :func:`~verispec.kernels.graph_ops.static_attention`, ``"+batch-invariant"`` with
         ``batch_invariant=True``."""
         wrapper = self._shared.wrapper
         name = "eager" if wrapper is None else wrapper.name
         blocks = "+GGUF blocks" if self._shared.blocks else ""
+        if self._shared.arithmetic == "int8":
+            blocks += "+int8 products"
         attention = (
             "+C layers"
             if self._shared.uses_cpu_layers
@@ -576,14 +598,35 @@ def use_invariant_kernels(transformer: Transformer) -> None:
     replace(transformer)
 
 
-def _use_blocks(transformer: Transformer, weights: str, device: torch.device) -> int:
+def _int8_dtype(device: torch.device, dtype: Any, weights: str, batch_invariant: bool) -> Any:
+    """The dtype ``arithmetic="int8"`` runs in (float32), after checking that it can run:
+    a CPU with the block kernel, float32 (or ``"auto"``), block products."""
+    ok, why = kernel_status() if device.type == "cpu" else (False, f"the model is on {device}")
+    if not ok:
+        raise ConfigError(f"`arithmetic='int8'` needs verispec's CPU kernel: {why}.")
+    if dtype not in ("auto", None, torch.float32):
+        raise ConfigError(f"`arithmetic='int8'` runs in float32; got dtype={dtype!r}.")
+    if weights == "dense" or batch_invariant:
+        raise ConfigError(
+            "`arithmetic='int8'` multiplies block codes: it needs weights='auto', 'blocks' or "
+            f"'q4_1' and batch_invariant=False; got weights={weights!r}, "
+            f"batch_invariant={batch_invariant!r}."
+        )
+    return torch.float32
+
+
+def _use_blocks(
+    transformer: Transformer, weights: str, device: torch.device, arithmetic: str = "exact"
+) -> int:
     """Replace every ``nn.Linear`` whose float32 weight is exactly Q4_1 (projections) or
     Q8_0 (the LM head: GGUF files store embeddings so) by a ``BlockLinear``; return
-    how many. ``weights="blocks"`` raises where that is not possible."""
+    how many. ``weights="blocks"`` raises where that is not possible. With
+    ``arithmetic="int8"`` and ``weights="auto"``, a matrix that is not exactly blocks is
+    rounded to Q8_0 blocks (8-bit weights, llama.cpp's rounding) first."""
     usable = device.type == "cpu" and transformer.weight_dtype == torch.float32
     ok, why = kernel_status() if usable else (False, "the weights are not float32 on a CPU")
     if not ok:
-        if weights != "auto":
+        if weights != "auto" or arithmetic != "exact":
             raise ConfigError(f"`weights={weights!r}` cannot run here: {why}.")
         return 0
     count, refused = 0, []
@@ -598,7 +641,12 @@ def _use_blocks(transformer: Transformer, weights: str, device: torch.device) ->
                 if weights == "q4_1":
                     with torch.no_grad():  # the head's weight is the embedding's, rounded too
                         child.weight.copy_(quantize_blocks(child.weight, formats[0]))
-                block = BlockLinear.from_linear(child, formats)
+                block = BlockLinear.from_linear(child, formats, arithmetic)
+                whole = child.in_features % 32 == 0
+                if block is None and arithmetic == "int8" and weights == "auto" and whole:
+                    with torch.no_grad():  # a dense matrix: 8-bit weights (docs/runtime.rst)
+                        child.weight.copy_(quantize_blocks(child.weight.float(), "q8_0"))
+                    block = BlockLinear.from_linear(child, ("q8_0",), arithmetic)
                 if block is None:
                     refused.append(prefix + name)
                 else:
@@ -608,11 +656,11 @@ def _use_blocks(transformer: Transformer, weights: str, device: torch.device) ->
                 replace(child, f"{prefix}{name}.")
 
     replace(transformer, "")
-    if refused and weights != "auto":
+    if refused and (weights != "auto" or arithmetic == "int8"):
         raise ConfigError(
-            f"`weights={weights!r}`: {len(refused)} matrices (e.g. {refused[0]}) are not "
-            f"exactly Q4_1 or Q8_0 blocks (a width not a multiple of 32?); use weights='auto' "
-            f"or 'dense'."
+            f"`weights={weights!r}`, `arithmetic={arithmetic!r}`: {len(refused)} matrices "
+            f"(e.g. {refused[0]}) are not exactly Q4_1 or Q8_0 blocks (a width not a multiple "
+            f"of 32?); use weights='auto' or 'dense' with arithmetic='exact'."
         )
     return count
 
@@ -637,6 +685,7 @@ class _SharedRuntime:
     source_name: str = ""  # the source's class name
     eos_token_id: Any = None
     blocks: int = 0  # products that read GGUF blocks (FastModel's ``weights``)
+    arithmetic: str = "exact"  # how the block products multiply (FastModel's ``arithmetic``)
     uses_cpu_attention: bool = False  # the attention in one C call a layer (``attention``)
     uses_cpu_layers: bool = False  # ... and, with every product in blocks, the whole layer
     uses_c_decode: bool = False  # ... and with a block head, a decoding step in one C call

@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from verispec.core.validate import choice
-from verispec.errors import UnsupportedModelError
+from verispec.errors import ConfigError, UnsupportedModelError
 from verispec.kernels.dtypes import FLOAT_DTYPES
 from verispec.models.hf import HFModel
 from verispec.models.runtime import FastModel
@@ -67,6 +67,7 @@ def make_target(
     compile: bool = False,
     keep_source: bool = True,
     weights: str = "auto",
+    arithmetic: str = "exact",
 ) -> FastModel | HFModel:
     """Wrap a loaded ``transformers`` causal LM as the decoding target.
 
@@ -86,14 +87,22 @@ def make_target(
             :class:`FastModel`); the adapter always keeps it.
         weights: how the runtime's CPU products read the weights (:class:`FastModel`):
             ``"auto"`` reads GGUF low-bit blocks where the weights are exactly such blocks.
+        arithmetic: ``"exact"`` (default) or ``"int8"``: integer products of the blocks'
+            codes and 8-bit activations, a different model (:class:`FastModel`); it needs
+            the fast runtime on a CPU.
 
     The returned model's ``runtime_note`` says which was picked and why.
 
     Raises:
-        ConfigError: an unknown ``runtime``.
+        ConfigError: an unknown ``runtime``, or ``arithmetic="int8"`` where the fast
+            runtime does not run it.
         UnsupportedModelError: ``runtime="fast"`` for a model it does not cover.
     """
     check_runtime(runtime)
+    if arithmetic == "int8" and runtime == "hf":
+        raise ConfigError(
+            "`arithmetic='int8'` runs on the fast runtime only; got runtime='hf'."
+        )
     model: FastModel | HFModel
     if runtime == "hf":
         model = HFModel(hf_model, max_length=max_length)
@@ -107,10 +116,11 @@ def make_target(
                 compile=compile,
                 keep_source=keep_source,
                 weights=weights,
+                arithmetic=arithmetic,
             )
             note = f"fast runtime ({model.runtime}, {str(model.dtype).replace('torch.', '')})"
         except UnsupportedModelError as error:
-            if runtime == "fast":
+            if runtime == "fast" or arithmetic != "exact":
                 raise
             model = HFModel(hf_model, max_length=max_length)
             note = f"HF adapter: the fast runtime does not cover this model ({error})"

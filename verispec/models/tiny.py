@@ -176,15 +176,16 @@ def load_smoke_model(
     compile: bool = False,
     keep_source: bool = True,
     weights: str = "auto",
+    arithmetic: str = "exact",
 ) -> tuple[Any, ByteTokenizer]:
     """A 4-layer random Llama over the byte vocabulary, and its :class:`ByteTokenizer`.
 
-    ``runtime``, ``compile``, ``keep_source`` and ``weights`` as for
+    ``runtime``, ``compile``, ``keep_source``, ``weights`` and ``arithmetic`` as for
     :func:`verispec.models.target.make_target`.
     """
     tokenizer = ByteTokenizer()
     if dtype == "auto":  # random weights: no blocks to read
-        dtype = default_dtype(device)
+        dtype = torch.float32 if arithmetic == "int8" else default_dtype(device)
     llama = tiny_llama(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -194,6 +195,11 @@ def load_smoke_model(
         device=device,
     )
     target = make_target(
-        llama.hf_model, runtime=runtime, compile=compile, keep_source=keep_source, weights=weights
+        llama.hf_model,
+        runtime=runtime,
+        compile=compile,
+        keep_source=keep_source,
+        weights=weights,
+        arithmetic=arithmetic,
     )
     return target, tokenizer

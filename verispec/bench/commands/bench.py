@@ -346,5 +346,6 @@ def _records(
         "runtime": args.runtime,
         "compile": args.compile,
         "weights": args.weights,
+        "arithmetic": args.arithmetic,
     }
     return RecordLog(path, records_header(config, specs, questions, setup), resume=args.resume)

@@ -20,6 +20,7 @@ from verispec.bench.runner import BenchContext
 from verispec.errors import ConfigError
 from verispec.kernels.backend import KERNEL_CHOICES
 from verispec.models.default import DTYPES, RUNTIMES
+from verispec.models.cpu_linear import ARITHMETICS
 from verispec.models.runtime import WEIGHTS
 
 __all__ = [
@@ -85,6 +86,15 @@ def add_model_options(parser: argparse.ArgumentParser, threads: int | None = Non
         "SmolLM2: the same model at a sixth of the bytes), else dense; blocks = that or an "
         "error; dense = float32 matrices (oneDNN); q4_1 = round to 4-bit blocks first (a "
         "different model, as llama.cpp's Q4_1 files)",
+    )
+    group.add_argument(
+        "--arithmetic",
+        choices=ARITHMETICS,
+        default="exact",
+        help="how the fast runtime's CPU block products multiply: exact (default) = float32 "
+        "products of the widened weights, the model unchanged; int8 = the weights' codes "
+        "times 8-bit codes of the activations in integer instructions, as llama.cpp does "
+        "(a different model; every method's answers equal its own ar's)",
     )
     group.add_argument(
         "--compile",
@@ -215,6 +225,7 @@ def _load_model_source(
         "compile": args.compile,
         "keep_source": keep_source,
         "weights": args.weights,
+        "arithmetic": args.arithmetic,
     }
     if args.model == "tiny":
         from verispec.models.tiny import load_smoke_model

@@ -1,0 +1,380 @@
+/* verispec's integer weight products (arithmetic="int8"): y = x W^T (+ bias) with W's 4- or
+ * 8-bit codes multiplied by 8-bit codes of x in integer instructions, as llama.cpp does
+ * (Q4_1 x Q8_1, Q8_0 x Q8_0).
+ *
+ * Built with _cpu_linear.c (vs_linear hands formats 3 and 4 here), called through ctypes
+ * (verispec/models/cpu_linear.py) and by the C layer (_cpu_layer.c).
+ *
+ * The activations: each row of x is quantized on its own, per block of 32 values
+ * (llama.cpp's Q8_1): d = max |x_i| / 127, q_i = round-half-even(x_i * (1 / d)) (0 where
+ * d = 0), s = d * sum(q_i). A row's codes depend on that row only.
+ *
+ * The weights are repacked at load into panels of eight output rows (zero rows past N),
+ * each block's codes interleaved so that one 32-byte vector holds four consecutive codes of
+ * each of the eight rows (byte 4 j + b: row j), multiplied by four activation codes
+ * broadcast to all eight rows:
+ *   3  Q4_1 panel block: float d[8]; float m[8]; uint8 q[4][32]    (w = q d + m, q in 0..15)
+ *        q[v][4 j + b] = code(j, 8 v + b) | code(j, 8 v + 4 + b) << 4
+ *   4  Q8_0 panel block: float d[8]; int8 q[8][32]                 (w = q d, |q| <= 127)
+ *        q[v][4 j + b] = code(j, 4 v + b)
+ *
+ * The one summation order. For output j of row r, block i: t_i = the integer sum of the
+ * block's 32 code products (exact: |t_i| < 2^24, so exact in float32 too), then
+ *   acc = fma((float) t_i, d_w[j] * d_x[i], acc)        (in block order, from 0)
+ *   mac = fma(m_w[j], s_x[i], mac)                       (Q4_1 only, from 0)
+ *   y = (acc + mac) + bias                               (Q8_0: y = acc + bias)
+ * Integer sums do not depend on the instruction that formed them, so every path below
+ * (AVX2 vpmaddubsw + vpmaddwd; AVX-VNNI and AVX512-VNNI vpdpbusd; portable C) gives the
+ * same bits, for any row count, tiling or thread count: tree rows equal sequential rows.
+ */
+#include "_cpu_simd.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define PANEL 8 /* output rows per panel */
+#define ROW_TILE 32 /* rows of x that share a panel's unpacked block */
+
+typedef struct { float d[PANEL], m[PANEL]; uint8_t q[4][32]; } panel_q4_1;
+typedef struct { float d[PANEL]; int8_t q[8][32]; } panel_q8_0;
+
+int vs_panel_bytes(int kind) {
+    return kind == 3 ? (int)sizeof(panel_q4_1) : kind == 4 ? (int)sizeof(panel_q8_0) : 0;
+}
+
+/* -- the activations' codes ------------------------------------------------------------ */
+
+/* Row x[0..K) as Q8_1 codes q[0..K), scales d[0..K/32) and scaled sums s[0..K/32); the
+ * portable and the AVX2 code give the same bits (the same IEEE operations). */
+static void quantize_row_c(const float *x, int64_t K, int8_t *q, float *d, float *s) {
+    for (int64_t i = 0; i < K / 32; i++) {
+        const float *xb = x + 32 * i;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            float v = nearbyintf(xb[j] * inv);
+            v = fminf(fmaxf(v, -127.0f), 127.0f);
+            q[32 * i + j] = (int8_t)v;
+            sum += (int)v;
+        }
+        d[i] = scale;
+        s[i] = scale * (float)sum;
+    }
+}
+
+static void quantize_row_avx2(const float *x, int64_t K, int8_t *q, float *d, float *s) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    for (int64_t i = 0; i < K / 32; i++) {
+        const float *xb = x + 32 * i;
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int g = 0; g < 4; g++) {
+            v[g] = _mm256_loadu_ps(xb + 8 * g);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[g]));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        const float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        const __m256 iv = _mm256_set1_ps(inv);
+        __m256i c[4], total = _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(v[g], iv),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+            c[g] = _mm256_cvtps_epi32(r);
+            total = _mm256_add_epi32(total, c[g]);
+        }
+        /* 32 int32 -> 32 int8 in order (packs interleave 128-bit lanes: permute back) */
+        __m256i p01 = _mm256_packs_epi32(c[0], c[1]), p23 = _mm256_packs_epi32(c[2], c[3]);
+        __m256i b = _mm256_packs_epi16(p01, p23);
+        b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + 32 * i), b);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+        d[i] = scale;
+        s[i] = scale * (float)_mm_cvtsi128_si32(t);
+    }
+}
+
+/* -- the products: one panel, rows [r0, r1) ---------------------------------------------- */
+
+/* The portable path: the same integer sums, the same float operations, lane by lane. */
+static void panel_c(int kind, const uint8_t *panel, int64_t blocks, const int8_t *xq,
+                    const float *xd, const float *xs, int64_t K, int64_t r0, int64_t r1,
+                    float *y, int64_t ldy, int64_t n0, int64_t N, const float *bias,
+                    __m256i *codes) {
+    (void)codes;
+    const int64_t bytes = vs_panel_bytes(kind);
+    for (int64_t r = r0; r < r1; r++) {
+        float acc[PANEL] = {0}, mac[PANEL] = {0};
+        for (int64_t i = 0; i < blocks; i++) {
+            const int8_t *a = xq + r * K + 32 * i;
+            const float da = xd[r * (K / 32) + i];
+            if (kind == 3) {
+                const panel_q4_1 *p = (const panel_q4_1 *)(panel + i * bytes);
+                const float sa = xs[r * (K / 32) + i];
+                for (int j = 0; j < PANEL; j++) {
+                    int t = 0;
+                    for (int v = 0; v < 4; v++)
+                        for (int b = 0; b < 4; b++) {
+                            const int byte = p->q[v][4 * j + b];
+                            t += (byte & 15) * a[8 * v + b] + (byte >> 4) * a[8 * v + 4 + b];
+                        }
+                    acc[j] = fmaf((float)t, p->d[j] * da, acc[j]);
+                    mac[j] = fmaf(p->m[j], sa, mac[j]);
+                }
+            } else {
+                const panel_q8_0 *p = (const panel_q8_0 *)(panel + i * bytes);
+                for (int j = 0; j < PANEL; j++) {
+                    int t = 0;
+                    for (int v = 0; v < 8; v++)
+                        for (int b = 0; b < 4; b++) t += p->q[v][4 * j + b] * a[4 * v + b];
+                    acc[j] = fmaf((float)t, p->d[j] * da, acc[j]);
+                }
+            }
+        }
+        for (int j = 0; j < PANEL && n0 + j < N; j++) {
+            const float v = kind == 3 ? acc[j] + mac[j] : acc[j];
+            y[r * ldy + n0 + j] = v + (bias ? bias[n0 + j] : 0.0f);
+        }
+    }
+}
+
+/* Four activation codes a[0..3] in every 32-bit lane. */
+static inline __m256i broadcast4(const int8_t *a) {
+    int32_t v;
+    memcpy(&v, a, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* The vector paths share one body. Q4(w, a) and Q8(u, w, a) are the path's block sums: the
+ * eight rows' integer sums (one int32 lane each) of a block's codes w[0..7] (Q8_0: u = |w|)
+ * times the activation codes a[0..31]. The panel's codes are unpacked once into `codes`
+ * (16 vectors a block), then rows run two at a time, each block's codes loaded once for
+ * both, with their sums in registers. */
+#define ROWS_STEP(SUM, KIND, R)                                                              \
+    do {                                                                                     \
+        __m256 acc[R], mac[R];                                                               \
+        for (int k = 0; k < R; k++) acc[k] = mac[k] = _mm256_setzero_ps();                   \
+        for (int64_t i = 0; i < blocks; i++) {                                               \
+            const __m256i *w = codes + 16 * i;                                               \
+            const float *head = (const float *)(panel + i * bytes);                          \
+            const __m256 dw = _mm256_loadu_ps(head);                                         \
+            for (int k = 0; k < R; k++) {                                                    \
+                const int8_t *a = xq + (r + k) * K + 32 * i;                                 \
+                const __m256i t = SUM(w, a);                                                 \
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[(r + k) * blocks + i])); \
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), scale, acc[k]);              \
+                if (KIND == 3)                                                               \
+                    mac[k] = _mm256_fmadd_ps(_mm256_loadu_ps(head + PANEL),                  \
+                                             _mm256_set1_ps(xs[(r + k) * blocks + i]), mac[k]); \
+            }                                                                                \
+        }                                                                                    \
+        for (int k = 0; k < R; k++) {                                                        \
+            float out[PANEL];                                                                \
+            const __m256 v = KIND == 3 ? _mm256_add_ps(acc[k], mac[k]) : acc[k];             \
+            _mm256_storeu_ps(out, _mm256_add_ps(v, _mm256_loadu_ps(b)));                     \
+            memcpy(y + (r + k) * ldy + n0, out, (size_t)n * 4);                              \
+        }                                                                                    \
+    } while (0)
+
+/* One panel against rows [r0, r1) of x, for format KIND, with the block sum SUM(w, a).
+ * A single row (a decoding step) unpacks each block in registers and uses it at once;
+ * more rows unpack the panel once into `codes` (16 vectors a block). */
+#define PANEL_BODY(SUM, KIND)                                                                \
+    const int64_t bytes = vs_panel_bytes(KIND);                                              \
+    const __m256i low4 = _mm256_set1_epi8(15);                                               \
+    const int single = r1 - r0 == 1;                                                         \
+    __m256i own[16];                                                                         \
+    __m256 acc1 = _mm256_setzero_ps(), mac1 = acc1;                                          \
+    for (int64_t i = 0; i < blocks; i++) {                                                   \
+        __m256i *c = single ? own : codes + 16 * i;                                          \
+        if (KIND == 3) {                                                                     \
+            const panel_q4_1 *p = (const panel_q4_1 *)(panel + i * bytes);                   \
+            for (int v = 0; v < 4; v++) {                                                    \
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)p->q[v]);             \
+                c[2 * v] = _mm256_and_si256(raw, low4);                                      \
+                c[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);            \
+            }                                                                                \
+        } else {                                                                             \
+            const panel_q8_0 *p = (const panel_q8_0 *)(panel + i * bytes);                   \
+            for (int v = 0; v < 8; v++) {                                                    \
+                const __m256i q = _mm256_loadu_si256((const __m256i *)p->q[v]);               \
+                c[v] = _mm256_sign_epi8(q, q), c[8 + v] = q;                                 \
+            }                                                                                \
+        }                                                                                    \
+        if (single) {                                                                        \
+            const int8_t *a = xq + r0 * K + 32 * i;                                          \
+            const float *head = (const float *)(panel + i * bytes);                          \
+            const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(head),                        \
+                                               _mm256_set1_ps(xd[r0 * blocks + i]));          \
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SUM(own, a)), scale, acc1);            \
+            if (KIND == 3)                                                                   \
+                mac1 = _mm256_fmadd_ps(_mm256_loadu_ps(head + PANEL),                        \
+                                       _mm256_set1_ps(xs[r0 * blocks + i]), mac1);           \
+        }                                                                                    \
+    }                                                                                        \
+    float b[PANEL] = {0};                                                                    \
+    const int64_t n = n0 + PANEL <= N ? PANEL : N - n0;                                      \
+    if (bias != NULL) memcpy(b, bias + n0, (size_t)n * 4);                                   \
+    if (single) {                                                                            \
+        float out[PANEL];                                                                    \
+        const __m256 v = KIND == 3 ? _mm256_add_ps(acc1, mac1) : acc1;                       \
+        _mm256_storeu_ps(out, _mm256_add_ps(v, _mm256_loadu_ps(b)));                         \
+        memcpy(y + r0 * ldy + n0, out, (size_t)n * 4);                                       \
+        return;                                                                              \
+    }                                                                                        \
+    int64_t r = r0;                                                                          \
+    for (; r + 2 <= r1; r += 2) ROWS_STEP(SUM, KIND, 2);                                     \
+    if (r < r1) ROWS_STEP(SUM, KIND, 1);
+
+#define PANEL_ARGS                                                                           \
+    int kind, const uint8_t *panel, int64_t blocks, const int8_t *xq, const float *xd,       \
+        const float *xs, int64_t K, int64_t r0, int64_t r1, float *y, int64_t ldy,           \
+        int64_t n0, int64_t N, const float *bias, __m256i *codes
+
+/* AVX2: vpmaddubsw (pairs of u8 x s8 into int16), summed in int16 for Q4_1 (eight steps of
+ * at most 2 * 15 * 127 stay below 2^15), then vpmaddwd into int32; Q8_0's int16 pairs
+ * (up to 2 * 127 * 127) go to int32 at once. */
+static inline __m256i q4_avx2(const __m256i w[8], const int8_t *a) {
+    __m256i s = _mm256_maddubs_epi16(w[0], broadcast4(a));
+    for (int v = 1; v < 8; v++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[v], broadcast4(a + 4 * v)));
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+static inline __m256i q8_avx2(const __m256i c[16], const int8_t *a) {
+    __m256i s = _mm256_setzero_si256();
+    for (int v = 0; v < 8; v++) {
+        const __m256i p = _mm256_maddubs_epi16(c[v], _mm256_sign_epi8(broadcast4(a + 4 * v), c[8 + v]));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    }
+    return s;
+}
+static void panel_q4_avx2(PANEL_ARGS) { PANEL_BODY(q4_avx2, 3) }
+static void panel_q8_avx2(PANEL_ARGS) { PANEL_BODY(q8_avx2, 4) }
+
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define VS_HAVE_VNNI 1
+/* VNNI: vpdpbusd sums four u8 x s8 products into each int32 lane. */
+#define VNNI_SUMS(suffix, isa, dpbusd)                                                    \
+    __attribute__((target(isa))) static inline __m256i q4_##suffix(const __m256i w[8],   \
+                                                                      const int8_t *a) {     \
+        __m256i s = _mm256_setzero_si256();                                                  \
+        for (int v = 0; v < 8; v++) s = dpbusd(s, w[v], broadcast4(a + 4 * v));              \
+        return s;                                                                            \
+    }                                                                                        \
+    __attribute__((target(isa))) static inline __m256i q8_##suffix(const __m256i c[16],  \
+                                                                   const int8_t *a) {        \
+        __m256i s = _mm256_setzero_si256();                                                  \
+        for (int v = 0; v < 8; v++)                                                          \
+            s = dpbusd(s, c[v], _mm256_sign_epi8(broadcast4(a + 4 * v), c[8 + v]));           \
+        return s;                                                                            \
+    }                                                                                        \
+    __attribute__((target(isa))) static void panel_q4_##suffix(PANEL_ARGS) {                 \
+        PANEL_BODY(q4_##suffix, 3)                                                           \
+    }                                                                                        \
+    __attribute__((target(isa))) static void panel_q8_##suffix(PANEL_ARGS) {                 \
+        PANEL_BODY(q8_##suffix, 4)                                                           \
+    }
+VNNI_SUMS(avxvnni, "avxvnni", _mm256_dpbusd_avx_epi32)
+VNNI_SUMS(avx512vnni, "avx512vnni,avx512vl", _mm256_dpbusd_epi32)
+#endif
+
+/* -- paths ------------------------------------------------------------------------------ */
+
+enum { PATH_C = 0, PATH_AVX2 = 1, PATH_AVXVNNI = 2, PATH_AVX512VNNI = 3 };
+typedef void (*panel_fn)(PANEL_ARGS);
+static int chosen = -1; /* the path in use (-1: not chosen yet) */
+
+/* Bit p set where path p runs on this CPU (0 portable, 1 AVX2, 2 AVX-VNNI, 3 AVX512-VNNI). */
+int vs_int8_paths(void) {
+    int paths = 1 << PATH_C | 1 << PATH_AVX2;
+#ifdef VS_HAVE_VNNI
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avxvnni")) paths |= 1 << PATH_AVXVNNI;
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
+        paths |= 1 << PATH_AVX512VNNI;
+#endif
+    return paths;
+}
+
+/* The path in use: the fastest this CPU runs unless vs_int8_use_path chose one. */
+int vs_int8_path(void) {
+    if (chosen < 0) {
+        const int paths = vs_int8_paths();
+        chosen = paths & 1 << PATH_AVX512VNNI ? PATH_AVX512VNNI
+                 : paths & 1 << PATH_AVXVNNI  ? PATH_AVXVNNI
+                                              : PATH_AVX2;
+    }
+    return chosen;
+}
+
+/* Use path p from now on (tests compare the paths); -1: back to the default. Returns 0, or
+ * -1 if this CPU cannot run p. */
+int vs_int8_use_path(int p) {
+    if (p == -1) { chosen = -1; return 0; }
+    if (p < 0 || p > 3 || !(vs_int8_paths() & 1 << p)) return -1;
+    chosen = p;
+    return 0;
+}
+
+static panel_fn panel_for(int path, int kind) {
+    switch (path) {
+    case PATH_C: return panel_c;
+#ifdef VS_HAVE_VNNI
+    case PATH_AVXVNNI: return kind == 3 ? panel_q4_avxvnni : panel_q8_avxvnni;
+    case PATH_AVX512VNNI: return kind == 3 ? panel_q4_avx512vnni : panel_q8_avx512vnni;
+#endif
+    default: return kind == 3 ? panel_q4_avx2 : panel_q8_avx2;
+    }
+}
+
+/* x's rows as codes (q: M x K int8; d, s: M x K/32 float), on the path's instructions. */
+int vs_quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *s) {
+    if (K % 32 != 0) return -1;
+    const int portable = vs_int8_path() == PATH_C;
+    for (int64_t r = 0; r < M; r++)
+        (portable ? quantize_row_c : quantize_row_avx2)(x + r * K, K, q + r * K, d + r * (K / 32),
+                                                         s + r * (K / 32));
+    return 0;
+}
+
+/* y (M x N) = x (M x K) W^T + bias, W as panels of `kind` (3 or 4), on `threads` threads.
+ * Returns 0, or -1 on a bad kind or K, or no memory. */
+int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *weight,
+                   int64_t N, const float *bias, float *y, int threads) {
+    if ((kind != 3 && kind != 4) || K % 32 != 0 || M < 1) return -1;
+    const int64_t blocks = K / 32, panels = (N + PANEL - 1) / PANEL;
+    int8_t *xq = NULL;
+    if (posix_memalign((void **)&xq, 64, (size_t)(M * K + 8 * M * blocks)) != 0) return -1;
+    float *xd = (float *)(xq + M * K), *xs = xd + M * blocks; /* M K is a multiple of 32 */
+    vs_quantize_rows(x, M, K, xq, xd, xs);
+    const panel_fn fn = panel_for(vs_int8_path(), kind);
+    const int64_t panel_bytes = blocks * vs_panel_bytes(kind);
+    int failed = 0;
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    {
+        __m256i *codes = NULL; /* a panel's codes, unpacked: 16 vectors a block */
+        if (posix_memalign((void **)&codes, 64, (size_t)blocks * 16 * 32) != 0) {
+#pragma omp atomic write
+            failed = 1;
+            codes = NULL;
+        }
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++)
+            if (codes != NULL)
+                fn(kind, (const uint8_t *)weight + p * panel_bytes, blocks, xq, xd, xs, K, 0, M,
+                   y, N, p * PANEL, N, bias, codes);
+        free(codes);
+    }
+    free(xq);
+    return failed ? -1 : 0;
+}
