@@ -16,6 +16,12 @@ each row count's total for both and their ratio (a kernel change measured under 
 machine load)::
 
     taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,3,6 --against HEAD~1
+
+``--arithmetic both`` times the float32 products (``exact``) and the integer products
+(``int8``, ``verispec/models/_cpu_int8.c``, the same blocks regrouped in panels) in the same
+passes, alternating, and prints both totals and their ratio::
+
+    taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,4,8,16,32 --arithmetic both
 """
 
 from __future__ import annotations
@@ -34,7 +40,14 @@ from verispec.bench.commands.flags import add_threads_option
 from verispec.kernels import cpu_build
 from verispec.kernels.cpu_features import cpu_features
 from verispec.models import cpu_linear
-from verispec.models.cpu_linear import FORMATS, library, quantize_blocks, recover_blocks
+from verispec.models.cpu_linear import (
+    FORMATS,
+    INT8_KINDS,
+    library,
+    quantize_blocks,
+    recover_blocks,
+    to_panels,
+)
 
 LAYER_SHAPES = {"qkv": (960, 576), "o": (576, 576), "w13": (3072, 576), "w2": (576, 1536)}
 HEAD_SHAPE = (49152, 576)
@@ -66,17 +79,18 @@ def _library_at(revision: str, folder: str) -> ctypes.CDLL:
     return lib
 
 
-def _forward(lib, layers, head, x, y, m: int, threads: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """Seconds of each product kind over one pass of every layer and the LM head."""
+def _forward(lib, layers, head, x, y, m: int, threads: int, kinds=FORMATS) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Seconds of each product kind over one pass of every layer and the LM head (``kinds``:
+    the C code's format numbers, :data:`FORMATS` or :data:`INT8_KINDS`)."""
     spent = dict.fromkeys([*LAYER_SHAPES, "head"], 0.0)
     for layer in layers:
         for name, (n, k) in LAYER_SHAPES.items():
             start = time.perf_counter()
-            lib.vs_linear(FORMATS["q4_1"], x.data_ptr(), m, k, layer[name].data_ptr(), n,
+            lib.vs_linear(kinds["q4_1"], x.data_ptr(), m, k, layer[name].data_ptr(), n,
                           None, y.data_ptr(), threads)  # fmt: skip
             spent[name] += time.perf_counter() - start
     start = time.perf_counter()
-    lib.vs_linear(FORMATS["q8_0"], x.data_ptr(), m, HEAD_SHAPE[1], head.data_ptr(),
+    lib.vs_linear(kinds["q8_0"], x.data_ptr(), m, HEAD_SHAPE[1], head.data_ptr(),
                   HEAD_SHAPE[0], None, y.data_ptr(), threads)  # fmt: skip
     spent["head"] += time.perf_counter() - start
     return spent
@@ -89,6 +103,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--against", metavar="REV", help="also time the kernels at git REV")
+    parser.add_argument(
+        "--arithmetic",
+        choices=("exact", "int8", "both"),
+        default="exact",
+        help="float32 products (exact, default), integer products (int8), or both, alternating",
+    )
     args = parser.parse_args()
     lib = library()
     if lib is None:
@@ -104,6 +124,18 @@ def main() -> None:
     total_bytes = sum(b.numel() for layer in layers for b in layer.values()) + head.numel()
     print(f"flags: {' '.join(cpu_features())}; {args.threads} thread(s); {args.layers} layers")
     rows = [int(r) for r in args.rows.split(",")]
+    if args.arithmetic != "exact":
+        panels = [
+            {name: to_panels(b, "q4_1", LAYER_SHAPES[name][0]) for name, b in layer.items()}
+            for layer in layers
+        ]
+        head_panels = to_panels(head, "q8_0", HEAD_SHAPE[0])
+        if args.arithmetic == "int8":
+            layers, head = panels, head_panels
+        else:
+            _both(lib, args, (layers, head), (panels, head_panels), rows)
+            return
+    kinds = INT8_KINDS if args.arithmetic == "int8" else FORMATS
     if args.against:
         with tempfile.TemporaryDirectory() as folder:
             _compare(lib, _library_at(args.against, folder), args, layers, head, rows)
@@ -115,7 +147,7 @@ def main() -> None:
         y = torch.empty(m, HEAD_SHAPE[0])
         per: dict[str, list[float]] = {name: [] for name in [*LAYER_SHAPES, "head"]}
         for _ in range(args.repeats + 1):
-            for name, seconds in _forward(lib, layers, head, x, y, m, args.threads).items():
+            for name, seconds in _forward(lib, layers, head, x, y, m, args.threads, kinds).items():
                 per[name].append(seconds)
         ms = {name: statistics.median(times[1:]) * 1e3 for name, times in per.items()}
         total = sum(ms.values())
@@ -142,6 +174,27 @@ def _compare(lib, old, args, layers, head, rows: list[int]) -> None:  # type: ig
                 )
         before, after = (statistics.median(totals[n][1:]) * 1e3 for n in ("old", "new"))
         print(f"| {m} | {before:.2f} | {after:.2f} | {after / before:.2f} |")
+
+
+def _both(lib, args, exact, integer, rows: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Both arithmetics' totals by row count, alternating pass by pass, and their ratio."""
+    print("\n| rows | exact (ms) | int8 (ms) | int8 / exact | int8 T(M) / T(1) |")
+    print("|---|---|---|---|---|")
+    first = None
+    for m in rows:
+        x = torch.randn(m, 1536)
+        y = torch.empty(m, HEAD_SHAPE[0])
+        totals: dict[str, list[float]] = {"exact": [], "int8": []}
+        for _ in range(args.repeats + 1):
+            for name, (layers, head), kinds in (
+                ("exact", exact, FORMATS),
+                ("int8", integer, INT8_KINDS),
+            ):
+                spent = _forward(lib, layers, head, x, y, m, args.threads, kinds)
+                totals[name].append(sum(spent.values()))
+        a, b = (statistics.median(totals[n][1:]) * 1e3 for n in ("exact", "int8"))
+        first = b if first is None else first
+        print(f"| {m} | {a:.2f} | {b:.2f} | {b / a:.2f} | {b / first:.2f} |")
 
 
 if __name__ == "__main__":

@@ -188,16 +188,16 @@ static inline __m256i broadcast4(const int8_t *a) {
     } while (0)
 
 /* One panel against rows [r0, r1) of x, for format KIND, with the block sum SUM(w, a).
- * A single row (a decoding step) unpacks each block in registers and uses it at once;
- * more rows unpack the panel once into `codes` (16 vectors a block). */
+ * One or two rows (a decoding step, a one-node tree) unpack each block in registers and
+ * use it at once; more rows unpack the panel once into `codes` (16 vectors a block). */
 #define PANEL_BODY(SUM, KIND)                                                                \
     const int64_t bytes = vs_panel_bytes(KIND);                                              \
     const __m256i low4 = _mm256_set1_epi8(15);                                               \
-    const int single = r1 - r0 == 1;                                                         \
+    const int direct = r1 - r0 <= 2;                                                         \
     __m256i own[16];                                                                         \
-    __m256 acc1 = _mm256_setzero_ps(), mac1 = acc1;                                          \
+    __m256 acc1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, mac1[2] = {acc1[0], acc1[0]}; \
     for (int64_t i = 0; i < blocks; i++) {                                                   \
-        __m256i *c = single ? own : codes + 16 * i;                                          \
+        __m256i *c = direct ? own : codes + 16 * i;                                          \
         if (KIND == 3) {                                                                     \
             const panel_q4_1 *p = (const panel_q4_1 *)(panel + i * bytes);                   \
             for (int v = 0; v < 4; v++) {                                                    \
@@ -212,25 +212,27 @@ static inline __m256i broadcast4(const int8_t *a) {
                 c[v] = _mm256_sign_epi8(q, q), c[8 + v] = q;                                 \
             }                                                                                \
         }                                                                                    \
-        if (single) {                                                                        \
-            const int8_t *a = xq + r0 * K + 32 * i;                                          \
+        for (int64_t r = r0; direct && r < r1; r++) {                                        \
+            const int8_t *a = xq + r * K + 32 * i;                                           \
             const float *head = (const float *)(panel + i * bytes);                          \
             const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(head),                        \
-                                               _mm256_set1_ps(xd[r0 * blocks + i]));          \
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SUM(own, a)), scale, acc1);            \
+                                               _mm256_set1_ps(xd[r * blocks + i]));           \
+            acc1[r - r0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SUM(own, a)), scale, acc1[r - r0]); \
             if (KIND == 3)                                                                   \
-                mac1 = _mm256_fmadd_ps(_mm256_loadu_ps(head + PANEL),                        \
-                                       _mm256_set1_ps(xs[r0 * blocks + i]), mac1);           \
+                mac1[r - r0] = _mm256_fmadd_ps(_mm256_loadu_ps(head + PANEL),                \
+                                               _mm256_set1_ps(xs[r * blocks + i]), mac1[r - r0]); \
         }                                                                                    \
     }                                                                                        \
     float b[PANEL] = {0};                                                                    \
     const int64_t n = n0 + PANEL <= N ? PANEL : N - n0;                                      \
     if (bias != NULL) memcpy(b, bias + n0, (size_t)n * 4);                                   \
-    if (single) {                                                                            \
-        float out[PANEL];                                                                    \
-        const __m256 v = KIND == 3 ? _mm256_add_ps(acc1, mac1) : acc1;                       \
-        _mm256_storeu_ps(out, _mm256_add_ps(v, _mm256_loadu_ps(b)));                         \
-        memcpy(y + r0 * ldy + n0, out, (size_t)n * 4);                                       \
+    if (direct) {                                                                            \
+        for (int64_t r = r0; r < r1; r++) {                                                  \
+            float out[PANEL];                                                                \
+            const __m256 v = KIND == 3 ? _mm256_add_ps(acc1[r - r0], mac1[r - r0]) : acc1[r - r0]; \
+            _mm256_storeu_ps(out, _mm256_add_ps(v, _mm256_loadu_ps(b)));                     \
+            memcpy(y + r * ldy + n0, out, (size_t)n * 4);                                    \
+        }                                                                                    \
         return;                                                                              \
     }                                                                                        \
     int64_t r = r0;                                                                          \
@@ -242,12 +244,94 @@ static inline __m256i broadcast4(const int8_t *a) {
         const float *xs, int64_t K, int64_t r0, int64_t r1, float *y, int64_t ldy,           \
         int64_t n0, int64_t N, const float *bias, __m256i *codes
 
+/* Two Q4_1 panels (16 output rows) against rows [r0, r1), R rows at a time: each loaded
+ * code vector serves R rows and each broadcast activation two panels, so a step loads
+ * R + 2 vectors for 2 R products (one row and panel at a time loads two for one). STEP(s,
+ * w, a) adds a vector of codes times broadcast activations into the integer sums s,
+ * FINISH(s) gives the block's int32 sums. The same sums and float operations as
+ * PANEL_BODY, so the same bits. */
+#define PAIR_ROWS(STEP, FINISH, R)                                                           \
+    do {                                                                                     \
+        __m256i sum[R][2];                                                                   \
+        for (int k = 0; k < R; k++) sum[k][0] = sum[k][1] = _mm256_setzero_si256();          \
+        for (int v = 0; v < 8; v++) {                                                        \
+            const __m256i w0 = _mm256_load_si256(c + v), w1 = _mm256_load_si256(c + 8 + v);  \
+            for (int k = 0; k < R; k++) {                                                    \
+                const __m256i a = broadcast4(xq + (r + k) * K + 32 * i + 4 * v);             \
+                sum[k][0] = STEP(sum[k][0], w0, a);                                          \
+                sum[k][1] = STEP(sum[k][1], w1, a);                                          \
+            }                                                                                \
+        }                                                                                    \
+        for (int k = 0; k < R; k++) {                                                        \
+            const __m256 da = _mm256_set1_ps(xd[(r + k) * blocks + i]);                      \
+            const __m256 sa = _mm256_set1_ps(xs[(r + k) * blocks + i]);                      \
+            for (int p = 0; p < 2; p++) {                                                    \
+                const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(h[p]), da);               \
+                acc[r + k - t0][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(FINISH(sum[k][p])),  \
+                                                     scale, acc[r + k - t0][p]);             \
+                mac[r + k - t0][p] = _mm256_fmadd_ps(_mm256_loadu_ps(h[p] + PANEL), sa,      \
+                                                     mac[r + k - t0][p]);                    \
+            }                                                                                \
+        }                                                                                    \
+    } while (0)
+
+#define PAIR_ARGS                                                                            \
+    const uint8_t *panel0, const uint8_t *panel1, int64_t blocks, const int8_t *xq,          \
+        const float *xd, const float *xs, int64_t K, int64_t r0, int64_t r1, float *y,       \
+        int64_t ldy, int64_t n0, int64_t N, const float *bias, __m256i *codes
+
+#define PAIR_BODY(STEP, FINISH)                                                              \
+    (void)codes;                                                                             \
+    const int64_t bytes = vs_panel_bytes(3);                                                 \
+    const __m256i low4 = _mm256_set1_epi8(15);                                               \
+    float b[2][PANEL] = {{0}};                                                               \
+    int64_t n[2];                                                                            \
+    for (int p = 0; p < 2; p++) {                                                            \
+        const int64_t from = n0 + PANEL * p;                                                 \
+        n[p] = from + PANEL <= N ? PANEL : N - from;                                         \
+        if (bias != NULL) memcpy(b[p], bias + from, (size_t)n[p] * 4);                       \
+    }                                                                                        \
+    for (int64_t t0 = r0; t0 < r1; t0 += ROW_TILE) {                                         \
+        const int64_t t1 = t0 + ROW_TILE < r1 ? t0 + ROW_TILE : r1;                          \
+        __m256 acc[ROW_TILE][2], mac[ROW_TILE][2];                                           \
+        for (int64_t r = t0; r < t1; r++)                                                    \
+            for (int p = 0; p < 2; p++) acc[r - t0][p] = mac[r - t0][p] = _mm256_setzero_ps(); \
+        for (int64_t i = 0; i < blocks; i++) {                                               \
+            _Alignas(32) __m256i c[16]; /* block i of both panels, unpacked */               \
+            const float *h[2] = {(const float *)(panel0 + i * bytes),                        \
+                                 (const float *)(panel1 + i * bytes)};                       \
+            for (int p = 0; p < 2; p++) {                                                    \
+                const panel_q4_1 *q = (const panel_q4_1 *)h[p];                              \
+                for (int v = 0; v < 4; v++) {                                                \
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)q->q[v]);         \
+                    c[8 * p + 2 * v] = _mm256_and_si256(raw, low4);                          \
+                    c[8 * p + 2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4); \
+                }                                                                            \
+            }                                                                                \
+            int64_t r = t0;                                                                  \
+            for (; r + 4 <= t1; r += 4) PAIR_ROWS(STEP, FINISH, 4);                          \
+            if (t1 - r == 3) PAIR_ROWS(STEP, FINISH, 3);                                     \
+            if (t1 - r == 2) PAIR_ROWS(STEP, FINISH, 2);                                     \
+            if (t1 - r == 1) PAIR_ROWS(STEP, FINISH, 1);                                     \
+        }                                                                                    \
+        for (int64_t r = t0; r < t1; r++)                                                    \
+            for (int p = 0; p < 2; p++) {                                                    \
+                float out[PANEL];                                                            \
+                const __m256 v = _mm256_add_ps(acc[r - t0][p], mac[r - t0][p]);              \
+                _mm256_storeu_ps(out, _mm256_add_ps(v, _mm256_loadu_ps(b[p])));              \
+                memcpy(y + r * ldy + n0 + PANEL * p, out, (size_t)n[p] * 4);                 \
+            }                                                                                \
+    }
+
 /* AVX2: vpmaddubsw (pairs of u8 x s8 into int16), summed in int16 for Q4_1 (eight steps of
  * at most 2 * 15 * 127 stay below 2^15), then vpmaddwd into int32; Q8_0's int16 pairs
  * (up to 2 * 127 * 127) go to int32 at once. */
 static inline __m256i q4_avx2(const __m256i w[8], const int8_t *a) {
-    __m256i s = _mm256_maddubs_epi16(w[0], broadcast4(a));
-    for (int v = 1; v < 8; v++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[v], broadcast4(a + 4 * v)));
+    __m256i p[8];
+    for (int v = 0; v < 8; v++) p[v] = _mm256_maddubs_epi16(w[v], broadcast4(a + 4 * v));
+    const __m256i s = _mm256_add_epi16(
+        _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
+        _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
     return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
 static inline __m256i q8_avx2(const __m256i c[16], const int8_t *a) {
@@ -259,6 +343,11 @@ static inline __m256i q8_avx2(const __m256i c[16], const int8_t *a) {
     return s;
 }
 static void panel_q4_avx2(PANEL_ARGS) { PANEL_BODY(q4_avx2, 3) }
+static inline __m256i step_avx2(__m256i s, __m256i w, __m256i a) {
+    return _mm256_add_epi16(s, _mm256_maddubs_epi16(w, a)); /* at most 8 * 2 * 15 * 127 */
+}
+static inline __m256i finish_avx2(__m256i s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
+static void pair_q4_avx2(PAIR_ARGS) { PAIR_BODY(step_avx2, finish_avx2) }
 static void panel_q8_avx2(PANEL_ARGS) { PANEL_BODY(q8_avx2, 4) }
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
@@ -283,6 +372,16 @@ static void panel_q8_avx2(PANEL_ARGS) { PANEL_BODY(q8_avx2, 4) }
     }                                                                                        \
     __attribute__((target(isa))) static void panel_q8_##suffix(PANEL_ARGS) {                 \
         PANEL_BODY(q8_##suffix, 4)                                                           \
+    }                                                                                        \
+    __attribute__((target(isa))) static inline __m256i step_##suffix(__m256i s, __m256i w,   \
+                                                                     __m256i a) {            \
+        return dpbusd(s, w, a);                                                              \
+    }                                                                                        \
+    __attribute__((target(isa))) static inline __m256i finish_##suffix(__m256i s) {          \
+        return s;                                                                            \
+    }                                                                                        \
+    __attribute__((target(isa))) static void pair_q4_##suffix(PAIR_ARGS) {                   \
+        PAIR_BODY(step_##suffix, finish_##suffix)                                            \
     }
 VNNI_SUMS(avxvnni, "avxvnni", _mm256_dpbusd_avx_epi32)
 VNNI_SUMS(avx512vnni, "avx512vnni,avx512vl", _mm256_dpbusd_epi32)
@@ -324,6 +423,20 @@ int vs_int8_use_path(int p) {
     if (p < 0 || p > 3 || !(vs_int8_paths() & 1 << p)) return -1;
     chosen = p;
     return 0;
+}
+
+typedef void (*pair_fn)(PAIR_ARGS);
+
+/* The two-panel Q4_1 product of a vector path (NULL for the portable one). */
+static pair_fn pair_for(int path) {
+    switch (path) {
+    case PATH_C: return NULL;
+#ifdef VS_HAVE_VNNI
+    case PATH_AVXVNNI: return pair_q4_avxvnni;
+    case PATH_AVX512VNNI: return pair_q4_avx512vnni;
+#endif
+    default: return pair_q4_avx2;
+    }
 }
 
 static panel_fn panel_for(int path, int kind) {
@@ -368,11 +481,22 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
             failed = 1;
             codes = NULL;
         }
+        /* Q4_1 from three rows on: panels two at a time (a last odd one alone) */
+        const pair_fn pair = kind == 3 && M >= 3 ? pair_for(vs_int8_path()) : NULL;
+        const int64_t units = pair != NULL ? (panels + 1) / 2 : panels;
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; p++)
-            if (codes != NULL)
-                fn(kind, (const uint8_t *)weight + p * panel_bytes, blocks, xq, xd, xs, K, 0, M,
-                   y, N, p * PANEL, N, bias, codes);
+        for (int64_t u = 0; u < units; u++) {
+            if (codes == NULL) continue;
+            const uint8_t *w = (const uint8_t *)weight;
+            if (pair == NULL || 2 * u + 1 == panels) {
+                const int64_t p = pair == NULL ? u : 2 * u;
+                fn(kind, w + p * panel_bytes, blocks, xq, xd, xs, K, 0, M, y, N, p * PANEL, N,
+                   bias, codes);
+            } else {
+                pair(w + 2 * u * panel_bytes, w + (2 * u + 1) * panel_bytes, blocks, xq, xd, xs,
+                     K, 0, M, y, N, 2 * u * PANEL, N, bias, codes);
+            }
+        }
         free(codes);
     }
     free(xq);
