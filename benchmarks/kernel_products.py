@@ -21,7 +21,7 @@ machine load)::
 (``int8``, ``verispec/models/_cpu_int8.c``, the same blocks regrouped in panels) in the same
 passes, alternating, and prints both totals and their ratio::
 
-    taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,4,8,16,32 --arithmetic both
+    taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,4,16 --arithmetic both
 """
 
 from __future__ import annotations

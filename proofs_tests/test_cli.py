@@ -342,6 +342,11 @@ BAD_CLI_INPUT = [
     (["bench", "--methods", "tr:template=7"], "`tr:template` must be one of"),
     (["report", "no/such/report.json"], "`no/such/report.json` must be an existing"),
     (["bench", "--threads", "999"], f"--threads: must be in [1, {os.cpu_count()}]; got 999"),
+    (["bench", "--arithmetic", "int4"], "argument --arithmetic: invalid choice"),
+    (["bench", "--arithmetic", "int8", "--runtime", "hf"], "got --runtime hf"),
+    (["bench", "--arithmetic", "int8", "--weights", "dense"], "got --weights dense"),
+    (["generate", "--prompt", "x", "--arithmetic", "int8", "--dtype", "bfloat16"],
+     "`--arithmetic int8` runs on the fast runtime's CPU kernels in float32"),
 ]  # fmt: skip
 
 

@@ -192,9 +192,7 @@ def test_an_int8_model_runs_every_product_in_integers(weights: str) -> None:
     assert model.runtime == "eager+GGUF blocks+int8 products+C layers"
     assert model.dtype == torch.float32
     linears = [m for m in model.transformer.modules() if isinstance(m, nn.Linear | BlockLinear)]
-    assert linears and all(
-        isinstance(m, BlockLinear) and m.arithmetic == "int8" for m in linears
-    )
+    assert linears and all(isinstance(m, BlockLinear) and m.arithmetic == "int8" for m in linears)
     assert model.transformer.output.fmt == "q8_0"
     assert {m.fmt for m in linears} == ({"q4_1", "q8_0"} if weights == "q4_1" else {"q8_0"})
     assert model._shared.bucket(1) == 1

@@ -173,13 +173,14 @@ class FastModel(TreeSequenceModel):
             (:func:`verispec.kernels.graph_ops.static_attention`; needs CUDA or Triton's
             interpreter). ``"auto"`` picks it with CUDA graphs where Triton is installed;
             ``batch_invariant=True`` implies it.
-        arithmetic: how the CPU block products multiply (:data:`~verispec.models.cpu_linear.ARITHMETICS`).
-            ``"exact"`` (default): float32 products of the widened weights, the model
-            unchanged. ``"int8"``: each row's activations are rounded to 8-bit codes per
-            32 values (llama.cpp's Q8_1) and multiplied by the weights' codes in integer
-            instructions (``_cpu_int8.c``), the LM head and the prompt pass included: a
-            *different model*, the one llama.cpp computes, about twice as fast per tree
-            row. Matrices that are exactly Q4_1 or Q8_0 blocks keep their codes; any other
+        arithmetic: how the CPU block products multiply
+            (:data:`~verispec.models.cpu_linear.ARITHMETICS`). ``"exact"`` (default):
+            float32 products of the widened weights, the model unchanged. ``"int8"``: each
+            row's activations are rounded to 8-bit codes per 32 values (llama.cpp's Q8_1)
+            and multiplied by the weights' codes in integer instructions
+            (``_cpu_int8.c``), the LM head and the prompt pass included: a *different
+            model*, the one llama.cpp computes; a tree row costs about a third of a float32
+            one. Matrices that are exactly Q4_1 or Q8_0 blocks keep their codes; any other
             (a dense model) is rounded to Q8_0 blocks at load. Needs the CPU kernel, float32
             (``dtype`` float32 or ``"auto"``) and ``weights`` other than ``"dense"``.
             Speculative decoding is exact with respect to this model: every method's
@@ -260,9 +261,7 @@ class FastModel(TreeSequenceModel):
             core = functools.partial(static_attention, by_position=batch_invariant)
             for block in transformer.blocks:
                 block.attention.static_attention = core
-        blocks = (
-            _use_blocks(transformer, weights, device, arithmetic) if weights != "dense" else 0
-        )
+        blocks = _use_blocks(transformer, weights, device, arithmetic) if weights != "dense" else 0
         if prepack is True and not can_prepack(device, weight_dtype):
             raise ConfigError(
                 f"`prepack=True` needs a CPU with oneDNN and float32 or native bfloat16 "
@@ -385,8 +384,9 @@ class FastModel(TreeSequenceModel):
     def runtime(self) -> str:
         """What runs the forward: ``"eager"``, ``"compiled"``, ``"cuda-graphs"`` or
         ``"compiled+cuda-graphs"``, plus ``"+GGUF blocks"`` if products read low-bit blocks
-        (``weights``), ``"+int8 products"`` with ``arithmetic="int8"``, ``"+oneDNN"`` if weights are prepacked, ``"+C attention"`` if the
-        attention is one C call a layer, ``"+Triton attention"`` if the static passes run
+        (``weights``), ``"+int8 products"`` with ``arithmetic="int8"``, ``"+oneDNN"`` if
+        weights are prepacked, ``"+C attention"`` if the attention is one C call a layer,
+        ``"+Triton attention"`` if the static passes run
         :func:`~verispec.kernels.graph_ops.static_attention`, ``"+batch-invariant"`` with
         ``batch_invariant=True``."""
         wrapper = self._shared.wrapper

@@ -100,9 +100,7 @@ def make_target(
     """
     check_runtime(runtime)
     if arithmetic == "int8" and runtime == "hf":
-        raise ConfigError(
-            "`arithmetic='int8'` runs on the fast runtime only; got runtime='hf'."
-        )
+        raise ConfigError("`arithmetic='int8'` runs on the fast runtime only; got runtime='hf'.")
     model: FastModel | HFModel
     if runtime == "hf":
         model = HFModel(hf_model, max_length=max_length)

@@ -19,8 +19,8 @@ from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.runner import BenchContext
 from verispec.errors import ConfigError
 from verispec.kernels.backend import KERNEL_CHOICES
-from verispec.models.default import DTYPES, RUNTIMES
 from verispec.models.cpu_linear import ARITHMETICS
+from verispec.models.default import DTYPES, RUNTIMES
 from verispec.models.runtime import WEIGHTS
 
 __all__ = [
@@ -170,6 +170,30 @@ def check_model_source(args: argparse.Namespace) -> None:
         )
     if args.draft_model is not None:
         check_model(args.draft_model)
+    check_arithmetic(args)
+
+
+def check_arithmetic(args: argparse.Namespace) -> None:
+    """``--arithmetic int8`` with options it can run on (the fast runtime, float32 or auto,
+    block weights, a CPU), before anything loads."""
+    if args.arithmetic != "int8":
+        return
+    clashes = [
+        f"{flag} {value}"
+        for flag, value, allowed in (
+            ("--runtime", args.runtime, ("auto", "fast")),
+            ("--dtype", args.dtype, ("float32", "auto")),
+            ("--weights", args.weights, ("auto", "blocks", "q4_1")),
+        )
+        if value not in allowed
+    ]
+    if args.device not in ("auto", "cpu"):
+        clashes.append(f"--device {args.device}")
+    if clashes:
+        raise ConfigError(
+            f"`--arithmetic int8` runs on the fast runtime's CPU kernels in float32 with block "
+            f"weights; got {', '.join(clashes)}."
+        )
 
 
 def kernel_scope(args: argparse.Namespace) -> AbstractContextManager[Any]:
