@@ -38,6 +38,7 @@
 
 #define PANEL 8 /* output rows per panel */
 #define ROW_TILE 32 /* rows of x that share a panel's unpacked block */
+#define DIRECT_ROWS 4 /* up to this many rows, each block is unpacked in registers and used */
 
 typedef struct { float d[PANEL], m[PANEL]; uint8_t q[4][32]; } panel_q4_1;
 typedef struct { float d[PANEL]; int8_t q[8][32]; } panel_q8_0;
@@ -193,9 +194,10 @@ static inline __m256i broadcast4(const int8_t *a) {
 #define PANEL_BODY(SUM, KIND)                                                                \
     const int64_t bytes = vs_panel_bytes(KIND);                                              \
     const __m256i low4 = _mm256_set1_epi8(15);                                               \
-    const int direct = r1 - r0 <= 2;                                                         \
+    const int direct = r1 - r0 <= DIRECT_ROWS;                                               \
     __m256i own[16];                                                                         \
-    __m256 acc1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, mac1[2] = {acc1[0], acc1[0]}; \
+    __m256 acc1[DIRECT_ROWS], mac1[DIRECT_ROWS];                                             \
+    for (int k = 0; k < DIRECT_ROWS; k++) acc1[k] = mac1[k] = _mm256_setzero_ps();           \
     for (int64_t i = 0; i < blocks; i++) {                                                   \
         __m256i *c = direct ? own : codes + 16 * i;                                          \
         if (KIND == 3) {                                                                     \
@@ -482,7 +484,7 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
             codes = NULL;
         }
         /* Q4_1 from three rows on: panels two at a time (a last odd one alone) */
-        const pair_fn pair = kind == 3 && M >= 3 ? pair_for(vs_int8_path()) : NULL;
+        const pair_fn pair = kind == 3 && M > DIRECT_ROWS ? pair_for(vs_int8_path()) : NULL;
         const int64_t units = pair != NULL ? (panels + 1) / 2 : panels;
 #pragma omp for schedule(static)
         for (int64_t u = 0; u < units; u++) {
