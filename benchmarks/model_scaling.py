@@ -8,8 +8,9 @@ For the shapes of SmolLM2-135M, -360M and -1.7B (random weights, rounded to the 
 GGUF's block formats: Q4_1 for the layers' matrices, Q8_0 for the tied embedding, so the
 runtime reads them as it reads the embedded model), one target step of n tokens (the
 root and n - 1 tree nodes) after a ``--context``-token prompt, the median of
-``--repeats`` (:func:`verispec.drafters.budget.measure_latency`), for verispec's runtime
-(``FastModel``, float32) and for the Hugging Face adapter (``HFModel``: transformers'
+``--repeats`` (:func:`verispec.drafters.budget.measure_latency`), for ``--targets``:
+verispec's runtime (``FastModel``, float32; ``verispec-int8``: with
+``arithmetic="int8"``) and the Hugging Face adapter (``HFModel``: transformers'
 forward, what ``generate`` runs a step). From them, what speculation would buy at a given
 mean accepted tokens per step (MAT): ``MAT * T_hf(1) / T(n)`` against ``generate`` and
 ``MAT * T(1) / T(n)`` against the runtime's own plain decoding.
@@ -70,7 +71,20 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--mat", default="1.5,2.0", help="MATs to price the speedup at")
+    parser.add_argument(
+        "--targets",
+        default="verispec,verispec-int8,transformers",
+        help="comma-separated: verispec, verispec-int8, transformers",
+    )
     args = parser.parse_args()
+    makers = {
+        "verispec": lambda hf: FastModel(hf, max_length=1024),
+        "verispec-int8": lambda hf: FastModel(hf, max_length=1024, arithmetic="int8"),
+        "transformers": lambda hf: HFModel(hf, max_length=1024),
+    }
+    chosen = args.targets.split(",")
+    if unknown := set(chosen) - set(makers):
+        parser.error(f"--targets: unknown {sorted(unknown)}; allowed: {sorted(makers)}")
     torch.set_num_threads(args.threads)
     sizes = [int(n) for n in args.sizes.split(",")]
     mats = [float(m) for m in args.mat.split(",")]
@@ -82,10 +96,8 @@ def main() -> None:
     for name in args.models.split(","):
         hf = random_llama(name)
         rows[name] = {}
-        for label, target in (
-            ("verispec", FastModel(hf, max_length=1024)),
-            ("transformers", HFModel(hf, max_length=1024)),
-        ):
+        for label in chosen:
+            target = makers[label](hf)
             table = measure_latency(
                 target, [n - 1 for n in sizes], context=args.context, repeats=args.repeats
             )
@@ -97,17 +109,24 @@ def main() -> None:
             gc.collect()
         del hf
         gc.collect()
-    print("\nspeedup a step buys at MAT m with n tokens a step (vs generate / vs verispec ar):")
-    print("\n| model | " + " | ".join(f"MAT {m:g}, n={n}" for m in mats for n in sizes[1:]) + " |")
-    print("|---|" + "---|" * (len(mats) * (len(sizes) - 1)))
+    print("\nspeedup a step buys at MAT m with n tokens a step (vs generate / vs its own ar):")
+    print(
+        "\n| model | target | "
+        + " | ".join(f"MAT {m:g}, n={n}" for m in mats for n in sizes[1:])
+        + " |"
+    )
+    print("|---|---|" + "---|" * (len(mats) * (len(sizes) - 1)))
     for name, by in rows.items():
-        ours, theirs = by["verispec"], by["transformers"]
-        cells = [
-            f"{m * theirs[0] / ours[i]:.2f} / {m * ours[0] / ours[i]:.2f}"
-            for m in mats
-            for i in range(1, len(sizes))
-        ]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        theirs = by.get("transformers")
+        for label in (t for t in chosen if t != "transformers"):
+            ours = by[label]
+            cells = [
+                (f"{m * theirs[0] / ours[i]:.2f} / " if theirs else "")
+                + f"{m * ours[0] / ours[i]:.2f}"
+                for m in mats
+                for i in range(1, len(sizes))
+            ]
+            print(f"| {name} | {label} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
