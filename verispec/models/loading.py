@@ -137,10 +137,11 @@ def load_model(
         tokenizer: a directory holding the tokenizer, when ``path`` has none (or another
             one is wanted).
         dtype, device, runtime, max_length, cache_dir, compile, keep_source, weights: as for
-            :func:`~verispec.models.default.load_default_model`, and ``arithmetic`` too. ``dtype="auto"`` is decided
-            by the weights (:func:`~verispec.kernels.dtypes.auto_dtype`), for a directory as
-            for a GGUF file: they are read in float32 where GGUF blocks would keep it, and
-            cast to the rule's dtype if they are not blocks.
+            :func:`~verispec.models.default.load_default_model`, and ``arithmetic`` too.
+            ``dtype="auto"`` is decided by the weights
+            (:func:`~verispec.kernels.dtypes.auto_dtype`), for a directory as for a GGUF
+            file: they are read in float32 where GGUF blocks would keep it, and cast to the
+            rule's dtype if they are not blocks.
 
     Returns:
         ``(model, tokenizer)``: a :class:`~verispec.models.FastModel` (or an
