@@ -41,14 +41,15 @@ def _fresh_python(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_every_kernel_compiles_to_a_cubin_without_spills(tmp_path: Path) -> None:
-    """``python benchmarks/compile_check.py`` compiles every launch of every scenario
-    (tree attention in four dtypes, D = 128, causal and split; greedy and rejection
+    """``python benchmarks/compile_check.py --arch 90`` compiles every launch of every
+    scenario (tree attention in four dtypes, D = 128, causal and split; greedy and rejection
     verification; Token Recycling; KV compaction; the graphed runtime's static attention
-    and batch-invariant product and norm) for sm_90 and sm_80 through TTIR, TTGIR,
-    LLVM IR and PTX to a cubin (Triton's bundled ptxas), and ptxas reports no register
-    spills for any of them."""
+    and batch-invariant product and norm) for sm_90 (the H100 and H200 this project is lent)
+    through TTIR, TTGIR, LLVM IR and PTX to a cubin (Triton's bundled ptxas), and ptxas
+    reports no register spills for any of them. sm_80 doubles the half minute this takes on
+    two cores; ``benchmarks/compile_check.py`` compiles for both by default."""
     out = tmp_path / "compile.json"
-    done = _fresh_python(str(SCRIPT), "--json", str(out))
+    done = _fresh_python(str(SCRIPT), "--arch", "90", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     reports = json.loads(out.read_text())["reports"]
     assert {r["kernel"] for r in reports} == {
@@ -65,7 +66,7 @@ def test_every_kernel_compiles_to_a_cubin_without_spills(tmp_path: Path) -> None
         "batch_invariant_kernel",
         "rms_norm_rows_kernel",
     }
-    assert {r["arch"] for r in reports} == {90, 80}
+    assert {r["arch"] for r in reports} == {90}
     for r in reports:
         assert r["stages"][:5] == ["ttir", "ttgir", "llir", "ptx", "cubin"], r
         assert r["registers"] is not None and r["spill_stores"] == r["spill_loads"] == 0, r
