@@ -189,8 +189,8 @@ static inline __m256i broadcast4(const int8_t *a) {
     } while (0)
 
 /* One panel against rows [r0, r1) of x, for format KIND, with the block sum SUM(w, a).
- * One or two rows (a decoding step, a one-node tree) unpack each block in registers and
- * use it at once; more rows unpack the panel once into `codes` (16 vectors a block). */
+ * Up to DIRECT_ROWS rows (a decoding step, a small tree) unpack each block in registers
+ * and use it at once; more rows unpack the panel once into `codes` (16 vectors a block). */
 #define PANEL_BODY(SUM, KIND)                                                                \
     const int64_t bytes = vs_panel_bytes(KIND);                                              \
     const __m256i low4 = _mm256_set1_epi8(15);                                               \
@@ -477,18 +477,21 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
-        __m256i *codes = NULL; /* a panel's codes, unpacked: 16 vectors a block */
-        if (posix_memalign((void **)&codes, 64, (size_t)blocks * 16 * 32) != 0) {
+        /* a panel's codes, unpacked (16 vectors a block): only where more than DIRECT_ROWS
+         * rows run (fewer unpack in registers) */
+        __m256i *codes = NULL;
+        const int buffered = M > DIRECT_ROWS;
+        if (buffered && posix_memalign((void **)&codes, 64, (size_t)blocks * 16 * 32) != 0) {
 #pragma omp atomic write
             failed = 1;
             codes = NULL;
         }
-        /* Q4_1 from three rows on: panels two at a time (a last odd one alone) */
+        /* Q4_1 from DIRECT_ROWS + 1 rows on: panels two at a time (a last odd one alone) */
         const pair_fn pair = kind == 3 && M > DIRECT_ROWS ? pair_for(vs_int8_path()) : NULL;
         const int64_t units = pair != NULL ? (panels + 1) / 2 : panels;
 #pragma omp for schedule(static)
         for (int64_t u = 0; u < units; u++) {
-            if (codes == NULL) continue;
+            if (buffered && codes == NULL) continue;
             const uint8_t *w = (const uint8_t *)weight;
             if (pair == NULL || 2 * u + 1 == panels) {
                 const int64_t p = pair == NULL ? u : 2 * u;

@@ -498,17 +498,15 @@ class BlockLinear(nn.Module):
         lib = library()
         if lib is None:
             raise RuntimeError(f"the block kernel is unavailable: {_STATE['why']}")
-        blocks = self.blocks if self.arithmetic == "exact" else self._unpanelled()
+        blocks = self.blocks
+        if self.arithmetic == "int8":  # the panels regrouped back into rows of blocks
+            blocks = from_panels(blocks, cast(Format, self.fmt), self.out_features)
         out = torch.empty(self.out_features, self.in_features)
         lib.vs_dequantize(
             FORMATS[self.fmt], blocks.data_ptr(), self.out_features, self.in_features,
             out.data_ptr(),
         )  # fmt: skip
         return out
-
-    def _unpanelled(self) -> torch.Tensor:
-        """The packed blocks (:func:`recover_blocks`' layout) back from the panels."""
-        return from_panels(self.blocks, cast(Format, self.fmt), self.out_features)
 
     def extra_repr(self) -> str:
         return (

@@ -179,9 +179,10 @@ class FastModel(TreeSequenceModel):
             row's activations are rounded to 8-bit codes per 32 values (llama.cpp's Q8_1)
             and multiplied by the weights' codes in integer instructions
             (``_cpu_int8.c``), the LM head and the prompt pass included: a *different
-            model*, the one llama.cpp computes; a tree row costs about half a float32
-            one. Matrices that are exactly Q4_1 or Q8_0 blocks keep their codes; any other
-            (a dense model) is rounded to Q8_0 blocks at load. Needs the CPU kernel, float32
+            model*, the one llama.cpp computes, whose tree rows cost less than float32
+            ones (figures: docs/benchmarks.rst). Matrices that are exactly Q4_1 or Q8_0
+            blocks keep their codes; any other (a dense model) is rounded to Q8_0 blocks at
+            load. Needs the CPU kernel, float32
             (``dtype`` float32 or ``"auto"``) and ``weights`` other than ``"dense"``.
             Speculative decoding is exact with respect to this model: every method's
             answer equals its own ``ar``'s (docs/runtime.rst, "Integer arithmetic").
