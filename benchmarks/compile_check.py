@@ -125,14 +125,14 @@ def _interpreter_off() -> Iterator[None]:
 
 
 def jit_module(name: str) -> ModuleType:
-    """A private copy of ``verispec.kernels.<name>`` whose kernels are ``JITFunction`` objects.
+    """A private copy of ``verispec.kernels.triton.<name>`` whose kernels are ``JITFunction`` objects.
 
     Loaded from source with the interpreter off, whatever ``TRITON_INTERPRET`` says,
     and kept out of ``sys.modules`` so the interpreted module in use is untouched.
     """
     module = _JIT_MODULES.get(name)
     if module is None:
-        spec = importlib.util.find_spec(f"verispec.kernels.{name}")
+        spec = importlib.util.find_spec(f"verispec.kernels.triton.{name}")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         with _interpreter_off():

@@ -4,7 +4,7 @@ Run from the repository root::
 
     taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,3,4,6,16
 
-For each row count M it times ``vs_linear`` (verispec/models/_cpu_linear.c) over 30 layers'
+For each row count M it times ``vs_linear`` (verispec/kernels/cpu/linear.c) over 30 layers'
 products (query/key/value 960 x 576, output 576 x 576, gate/up 3072 x 576, down 576 x 1536,
 random Q4_1 blocks, a separate copy per layer so the weights stream from memory) and the
 Q8_0 LM head (49152 x 576), on ``--threads`` threads; the median of ``--repeats`` passes.
@@ -18,7 +18,7 @@ machine load)::
     taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,3,6 --against HEAD~1
 
 ``--arithmetic both`` times the float32 products (``exact``) and the integer products
-(``int8``, ``verispec/models/_cpu_int8.c``, the same blocks regrouped in panels) in the same
+(``int8``, ``verispec/kernels/cpu/int8.c``, the same blocks regrouped in panels) in the same
 passes, alternating, and prints both totals and their ratio::
 
     taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,4,16 --arithmetic both
@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 
 from verispec.bench.commands.flags import add_threads_option
-from verispec.kernels import cpu_build
-from verispec.kernels.cpu_features import cpu_features
+from verispec.kernels.cpu import build as cpu_build
+from verispec.kernels.cpu.features import cpu_features
 from verispec.models import cpu_linear
 from verispec.models.cpu_linear import (
     FORMATS,

@@ -29,7 +29,7 @@ from torch import nn
 
 from verispec.bench.commands.flags import add_threads_option
 from verispec.drafters.budget import measure_latency
-from verispec.kernels.cpu_features import cpu_features
+from verispec.kernels.cpu.features import cpu_features
 from verispec.models import FastModel, HFModel
 from verispec.models.cpu_linear import quantize_blocks
 

@@ -30,7 +30,7 @@ import torch
 
 from verispec.bench.commands.flags import add_threads_option
 from verispec.core import DraftTree
-from verispec.kernels.cpu_features import cpu_features
+from verispec.kernels.cpu.features import cpu_features
 from verispec.models.default import load_default_model
 
 

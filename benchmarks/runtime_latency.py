@@ -47,7 +47,7 @@ from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.records import machine_info, write_json, write_text
 from verispec.core.tree import DraftTree
 from verispec.drafters.budget import measure_latency
-from verispec.kernels.cpu_features import bf16_supported
+from verispec.kernels.cpu.features import bf16_supported
 from verispec.models.default import load_default_model
 from verispec.models.hf import HFModel
 

@@ -44,7 +44,7 @@ import verispec.models.llama as llama
 from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.records import machine_info
 from verispec.drafters.budget import _chain_like_tree
-from verispec.kernels.cpu_features import cpu_features
+from verispec.kernels.cpu.features import cpu_features
 from verispec.models.cpu_linear import BlockLinear
 from verispec.models.default import load_default_model
 from verispec.models.onednn import PackedLinear

@@ -31,7 +31,7 @@ import verispec
 from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.prompts import build_prompt_ids, load_questions, select_questions
 from verispec.bench.runner import method_orders
-from verispec.kernels.cpu_features import cpu_features
+from verispec.kernels.cpu.features import cpu_features
 from verispec.specs import drafter
 
 PARTS = ("draft_s", "target_s", "verify_s", "commit_s")

@@ -28,7 +28,7 @@ import torch
 from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.records import machine_info
 from verispec.drafters.budget import measure_latency
-from verispec.kernels.cpu_features import cpu_features
+from verispec.kernels.cpu.features import cpu_features
 from verispec.models.default import load_default_model
 from verispec.models.gguf import embedded_gguf
 

@@ -31,7 +31,7 @@ from verispec.drafters.suffix import SuffixDrafter
 from verispec.drafters.suffix_corpus import SuffixCorpus
 from verispec.drafters.token_recycling import row_topk_scored
 from verispec.errors import ConfigError, IncompatibleModelsError
-from verispec.kernels import cpu_topk
+from verispec.kernels.cpu import topk as cpu_topk
 from verispec.models.markov import MarkovModel
 from verispec.verifiers._rules import verdict_distribution
 from verispec.verifiers.recursive import RecursiveRejection
@@ -199,7 +199,7 @@ def test_scores_bound_the_true_probability_at_large_vocabulary(
     c_kernel: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """At V = 49,152 the block-max score is between the true probability and 64 times it,
-    with the C top-k (verispec.kernels.cpu_topk) and with its torch fallback."""
+    with the C top-k (verispec.kernels.cpu.topk) and with its torch fallback."""
     if not c_kernel:
         monkeypatch.setattr(cpu_topk, "topk_rows", lambda *args, **kwargs: None)
     logits = 3 * torch.randn(5, 49152, generator=torch.Generator().manual_seed(0))

@@ -20,7 +20,7 @@ from verispec.drafters import Autoregressive, TokenRecycling
 from verispec.drafters.templates import TEMPLATES
 from verispec.drafters.token_recycling import row_topk
 from verispec.errors import ConfigError, IncompatibleModelsError, TreeStructureError
-from verispec.kernels import cpu_topk
+from verispec.kernels.cpu import topk as cpu_topk
 from verispec.kernels.reference import (
     expand_template,
     last_occurrence_mask,
@@ -164,7 +164,7 @@ def test_row_topk_matches_torch_topk(
     vocab: int, c_kernel: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """row_topk returns the same top-K values as torch.topk, and indices that hold them,
-    with the C kernel (verispec.kernels.cpu_topk) and with its torch fallback."""
+    with the C kernel (verispec.kernels.cpu.topk) and with its torch fallback."""
     if not c_kernel:
         monkeypatch.setattr(cpu_topk, "topk_rows", lambda *args, **kwargs: None)
     generator = torch.Generator().manual_seed(vocab)

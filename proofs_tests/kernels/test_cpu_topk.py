@@ -1,4 +1,4 @@
-"""The C top-k of CPU logit rows (verispec.kernels.cpu_topk) against torch."""
+"""The C top-k of CPU logit rows (verispec.kernels.cpu.topk) against torch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from verispec.kernels import cpu_topk
+from verispec.kernels.cpu import topk as cpu_topk
 
 pytestmark = pytest.mark.skipif(
     cpu_topk.library() is None, reason="the C kernel cannot be built on this machine"

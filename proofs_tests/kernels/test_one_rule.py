@@ -101,22 +101,22 @@ def test_row_rejection_is_the_twins_row() -> None:
 
 _SWITCH = {"backend_for", "tree_attention_backend", "kernel_module", "interpreting"}
 _KERNEL_MODULES = {
-    "verispec.kernels.greedy_verify",
-    "verispec.kernels.rejection_verify",
-    "verispec.kernels.token_recycling",
-    "verispec.kernels.kv_compaction",
-    "verispec.kernels.tree_attention",
+    "verispec.kernels.triton.greedy_verify",
+    "verispec.kernels.triton.rejection_verify",
+    "verispec.kernels.triton.token_recycling",
+    "verispec.kernels.triton.kv_compaction",
+    "verispec.kernels.triton.tree_attention",
 }
 
 
 def test_the_backend_is_chosen_in_verispec_kernels_only() -> None:
-    """Outside ``verispec/kernels`` no module imports the switch's functions, ``triton``
+    """Outside ``verispec/kernels`` (and its subpackages) no module imports the switch's functions, ``triton``
     or a kernel module: the verifiers, drafters and models call ``kernels.ops``, which
     picks Triton or the PyTorch twin."""
     package = Path(verispec.__file__).parent
     offenders = []
     for path in sorted(package.rglob("*.py")):
-        if path.parent.name == "kernels" and path.parent.parent == package:
+        if (package / "kernels") in path.parents:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
@@ -126,7 +126,7 @@ def test_the_backend_is_chosen_in_verispec_kernels_only() -> None:
                     module.split(".")[0] == "triton"
                     or module in _KERNEL_MODULES
                     or (module.startswith("verispec.kernels") and names & (_SWITCH | {"backend"}))
-                    or (module == "verispec.kernels" and names & _KERNEL_MODULES_SHORT)
+                    or (module == "verispec.kernels.triton" and names & _KERNEL_MODULES_SHORT)
                 )
             elif isinstance(node, ast.Import):
                 bad = any(

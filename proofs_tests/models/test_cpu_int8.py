@@ -1,4 +1,4 @@
-"""Tests of the integer products (``arithmetic="int8"``, ``verispec/models/_cpu_int8.c``).
+"""Tests of the integer products (``arithmetic="int8"``, ``verispec/kernels/cpu/int8.c``).
 
 The properties: the activations' codes are llama.cpp's Q8_1 rounding of each row; the
 product is the stated sum of integer block sums, on every instruction path this CPU runs

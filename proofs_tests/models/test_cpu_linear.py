@@ -20,7 +20,7 @@ from torch import nn
 
 from verispec.core import DraftTree
 from verispec.errors import ConfigError
-from verispec.kernels.cpu_features import cpu_flags
+from verispec.kernels.cpu.features import cpu_flags
 from verispec.models import FastModel, cpu_linear, tiny_model
 from verispec.models.cpu_linear import (
     BlockLinear,

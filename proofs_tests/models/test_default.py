@@ -142,7 +142,7 @@ def test_auto_dtype_loads_the_embedded_model_in_float32_blocks() -> None:
     the file's blocks where the block kernel runs (even where the CPU multiplies bfloat16
     natively: float32 on the blocks is faster there, and exact), and the transformers
     source model in the same dtype."""
-    from verispec.kernels.cpu_features import default_dtype
+    from verispec.kernels.cpu.features import default_dtype
     from verispec.models.cpu_linear import kernel_status
 
     model, _ = load_default_model(dtype="auto")

@@ -27,7 +27,7 @@ from torch import nn
 from verispec import SpeculativeDecoder
 from verispec.core import DraftTree
 from verispec.errors import ConfigError, UnsupportedModelError
-from verispec.kernels.cpu_features import bf16_supported, default_dtype
+from verispec.kernels.cpu.features import bf16_supported, default_dtype
 from verispec.kernels.dtypes import auto_dtype
 from verispec.models import FastModel, HFModel, tiny_model
 from verispec.models.cpu_attention import cpu_attention_available
@@ -375,7 +375,7 @@ def test_default_dtype_is_bfloat16_only_where_the_cpu_multiplies_it(
     """default_dtype (what dtype='auto' takes for dense weights) is bfloat16 only where the CPU
     has bfloat16 instructions and oneDNN uses them: oneDNN also reports bfloat16 on AVX-512
     CPUs that only emulate it, where float32 stays the choice. A GPU takes bfloat16."""
-    import verispec.kernels.cpu_features as features
+    import verispec.kernels.cpu.features as features
 
     monkeypatch.setattr(features, "bf16_supported", lambda: onednn_bf16)
     monkeypatch.setattr(features, "cpu_flags", lambda: flags)

@@ -252,7 +252,7 @@ def machine_info(
     import transformers
 
     import verispec
-    from verispec.kernels.cpu_features import cpu_features
+    from verispec.kernels.cpu.features import cpu_features
 
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []

@@ -78,8 +78,9 @@ from verispec.drafters.candidates import tried_and_hit_lists
 from verispec.drafters.gate import DeviceSized
 from verispec.drafters.templates import TEMPLATES, TemplateSpec, resolve_template
 from verispec.errors import ConfigError, IncompatibleModelsError
-from verispec.kernels import cpu_topk, ops
+from verispec.kernels import ops
 from verispec.kernels.backend import Kernels, require_triton
+from verispec.kernels.cpu import topk as cpu_topk
 
 __all__ = [
     "TEMPLATE_NAMES",
@@ -103,7 +104,7 @@ def row_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``k`` values and indices of every row, as ``torch.topk`` but faster on CPU.
 
     On the CPU (float32, V a multiple of 64 and at least ``256 k``) the C kernel of
-    :mod:`verispec.kernels.cpu_topk` takes it in one pass over each row: about 0.03 ms for
+    :mod:`verispec.kernels.cpu.topk` takes it in one pass over each row: about 0.03 ms for
     a row at V = 49,152 against 0.1 ms for the block search with torch ops below, and 2.8 ms
     for ``torch.topk`` over (81, 49152) on a 2-core CPU. Without the kernel, each row is cut
     into blocks of 64, the ``k`` blocks with the largest maxima are kept (every top-``k``

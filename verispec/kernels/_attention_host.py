@@ -1,7 +1,7 @@
 """Host side of the tree attention kernel: validate, pick tile sizes, build the grid.
 
 Part of :mod:`verispec.kernels.ops` (which re-exports :func:`tree_attention`); the
-``@triton.jit`` code is in :mod:`verispec.kernels.tree_attention`, the reference in
+``@triton.jit`` code is in :mod:`verispec.kernels.triton.tree_attention`, the reference in
 :func:`verispec.kernels.reference.tree_attention`.
 
 Shape glossary: B batch, N tree nodes, S prefix, H heads, D head dim.

@@ -239,7 +239,7 @@ def launch_device(device: torch.device) -> contextlib.AbstractContextManager[Any
 
 
 def kernel_module(name: str) -> ModuleType:
-    """Import ``verispec.kernels.<name>`` (``@triton.jit`` code) for the current mode.
+    """Import ``verispec.kernels.triton.<name>`` (``@triton.jit`` code) for the current mode.
 
     A module imported while the interpreter was off holds compiled-kernel objects that
     cannot run on CPU tensors (and the other way round), so it is re-imported when
@@ -250,7 +250,7 @@ def kernel_module(name: str) -> ModuleType:
         return recorder(name)  # type: ignore[no-any-return]
     from triton.runtime.interpreter import InterpretedFunction
 
-    module = importlib.import_module(f"verispec.kernels.{name}")
+    module = importlib.import_module(f"verispec.kernels.triton.{name}")
     kernel = getattr(module, f"{name}_kernel", None)
     if kernel is not None and isinstance(kernel, InterpretedFunction) != interpreting():
         module = importlib.reload(module)

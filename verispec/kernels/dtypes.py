@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.kernels.cpu_features import default_dtype
+from verispec.kernels.cpu.features import default_dtype
 
 __all__ = ["FLOAT_DTYPES", "auto_dtype", "dtype_names"]
 
@@ -34,7 +34,7 @@ def auto_dtype(device: str | torch.device, *, blocks: bool) -> torch.dtype:
     :func:`~verispec.models.cpu_linear.holds_blocks`; the products then read the blocks, a
     sixth of float32's bytes, and the model is exact: faster than bfloat16 there, as
     docs/benchmarks.rst measures), else
-    :func:`~verispec.kernels.cpu_features.default_dtype` (bfloat16 on a GPU or a CPU that
+    :func:`~verispec.kernels.cpu.features.default_dtype` (bfloat16 on a GPU or a CPU that
     multiplies it natively, float32 elsewhere)."""
     if blocks and torch.device(device).type == "cpu":
         return torch.float32

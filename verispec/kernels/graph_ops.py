@@ -6,10 +6,10 @@ compiled function must be an operator that inductor treats as opaque, with a sha
 for tracing, so each kernel is registered once here with ``torch.library.custom_op``:
 
 * ``verispec::static_attention`` — attention of ``Q`` new rows over the used slots of a
-  fixed-size cache (:mod:`verispec.kernels.static_attention`); the cache write stays in
+  fixed-size cache (:mod:`verispec.kernels.triton.static_attention`); the cache write stays in
   PyTorch (:func:`static_attention`), so the operator only reads;
 * ``verispec::invariant_linear`` and ``verispec::invariant_rms_norm`` — the products and
-  norms of :mod:`verispec.kernels.batch_invariant`, whose rows do not depend on the row
+  norms of :mod:`verispec.kernels.triton.batch_invariant`, whose rows do not depend on the row
   count (``FastModel(batch_invariant=True)`` swaps them in with :class:`InvariantLinear`
   and :class:`InvariantRMSNorm`).
 
@@ -134,7 +134,7 @@ def static_attention(
 
     q: (Q, H, D); k, v: (Q, H_kv, D); cache_k: (H_kv, S, D); cache_v: (H_kv, S, D or more),
     float32 or float64 (the runtime's activations); returns (Q, H * D). A row's result does
-    not depend on ``Q`` (module docstring of :mod:`verispec.kernels.static_attention`).
+    not depend on ``Q`` (module docstring of :mod:`verispec.kernels.triton.static_attention`).
 
     Raises:
         KernelUnavailableError: Triton cannot run on the tensors' device.

@@ -1,4 +1,4 @@
-"""The runtime's attention on the CPU in one call per layer (``_cpu_attention.c``).
+"""The runtime's attention on the CPU in one call per layer (``kernels/cpu/attention.c``).
 
 :func:`~verispec.models.llama.attend` writes the attention out in about fifty torch
 operators a layer; on a small CPU their dispatch costs more than their arithmetic (0.33

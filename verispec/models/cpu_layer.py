@@ -1,4 +1,4 @@
-"""A whole decoder layer of the runtime in one C call on the CPU (``_cpu_layer.c``).
+"""A whole decoder layer of the runtime in one C call on the CPU (``kernels/cpu/layer.c``).
 
 With the products reading GGUF blocks (:mod:`verispec.models.cpu_linear`) and the
 attention in C (:mod:`verispec.models.cpu_attention`), what remained of a one-token step

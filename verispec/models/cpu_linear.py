@@ -10,7 +10,7 @@ the matrix's bits again; :class:`BlockLinear` then multiplies with the blocks (0
 weight for Q4_1, 1.125 for Q8_0: 96 MB a token instead of 540). The model is the same:
 the weights are equal, bit for bit, and nothing is quantized.
 
-The product itself is a small C kernel (``_cpu_linear.c``; AVX2 and FMA, OpenMP; AVX-512
+The product itself is a small C kernel (``kernels/cpu/linear.c``; AVX2 and FMA, OpenMP; AVX-512
 where the CPU has it), built at first use with the system's C compiler
 (``-march=native``) into ``$VERISPEC_CACHE/kernels`` (one library with the attention of
 :mod:`verispec.models.cpu_attention`) and called through ``ctypes``. Each output is summed
@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verispec.kernels.cpu_build import build, source_hash
+from verispec.kernels.cpu import source as cpu_source
+from verispec.kernels.cpu.build import build, source_hash
 from verispec.models._linear_op import PACKED_LINEAR
 
 __all__ = [
@@ -68,7 +68,7 @@ FORMATS: dict[str, int] = {"float32": 0, "q4_1": 1, "q8_0": 2}
 ARITHMETICS = ("exact", "int8")
 """How a :class:`BlockLinear` multiplies (its ``arithmetic``): ``"exact"`` widens the weights
 to float32 and sums in float32 (the model unchanged); ``"int8"`` multiplies the weights' codes
-by 8-bit codes of the activations in integer instructions (``_cpu_int8.c``): a different
+by 8-bit codes of the activations in integer instructions (``kernels/cpu/int8.c``): a different
 model, the one llama.cpp computes (docs/runtime.rst, "Integer arithmetic")."""
 INT8_KINDS: dict[str, int] = {"q4_1": 3, "q8_0": 4}
 """The C code's number for each format multiplied in integers (weights in panels of 8 rows)."""
@@ -77,11 +77,8 @@ INT8_PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
 _PANEL = 8  # output rows per panel of the integer kernel
 _BLOCK = 32  # weights per block, both formats
 _BLOCK_BYTES = {"q4_1": 24, "q8_0": 36}  # float d, float m, 16 nibble bytes / float d, 32 int8
-_SOURCES = tuple(
-    Path(__file__).with_name(n)
-    for n in ("_cpu_linear.c", "_cpu_attention.c", "_cpu_layer.c", "_cpu_int8.c")
-)
-_HEADERS = (Path(__file__).with_name("_cpu_simd.h"),)
+_SOURCES = tuple(cpu_source(n) for n in ("linear.c", "attention.c", "layer.c", "int8.c"))
+_HEADERS = (cpu_source("simd.h"),)
 _STATE: dict[str, object] = {}
 
 
@@ -92,7 +89,8 @@ def source_id() -> str:
 
 
 def _build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """Compile the kernels (``_cpu_linear.c``, ``_cpu_attention.c``, ``_cpu_layer.c``) for
+    """Compile the kernels (``linear.c``, ``attention.c``, ``layer.c``, ``int8.c`` in
+    :mod:`verispec.kernels.cpu`) for
     this CPU (once per source, CPU, compiler and ``extra_flags``) into one library and load
     it."""
     lib = build("cpu_linear", _SOURCES, _HEADERS, extra_flags)
@@ -161,7 +159,7 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
             ``q`` in -127..127), per 32 consecutive weights of a row.
 
     Returns:
-        uint8, Shape: (N, K / 32 * block bytes): the packed blocks as ``_cpu_linear.c``
+        uint8, Shape: (N, K / 32 * block bytes): the packed blocks as ``kernels/cpu/linear.c``
         reads them, or ``None`` if some block has no such form (a matrix that was not
         dequantized from that format).
 
@@ -264,7 +262,7 @@ def holds_blocks(model: nn.Module) -> bool:
 
 def to_panels(blocks: torch.Tensor, fmt: Format, out_features: int) -> torch.Tensor:
     """Packed blocks (:func:`recover_blocks`' layout) regrouped as the integer kernel reads
-    them (``_cpu_int8.c``): panels of eight output rows (zero rows past ``out_features``);
+    them (``kernels/cpu/int8.c``): panels of eight output rows (zero rows past ``out_features``);
     per block, the eight rows' scales (and minimums, Q4_1), then their codes interleaved
     four by four, so that one 32-byte vector holds four consecutive codes of each row.
 

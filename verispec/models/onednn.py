@@ -8,7 +8,7 @@ faster than the default MKL one for 2 or more rows, and its result for a row doe
 depend on how many rows are computed with it from two rows up (checked by
 :func:`~verispec.models.invariance.row_invariant_kernels`; a single row is padded to two,
 :func:`~verispec.models.invariance.min_product_rows`). Float32, or bfloat16 where oneDNN
-multiplies it, natively or emulated (:func:`~verispec.kernels.cpu_features.bf16_supported`).
+multiplies it, natively or emulated (:func:`~verispec.kernels.cpu.features.bf16_supported`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verispec.kernels.cpu_features import bf16_supported
+from verispec.kernels.cpu.features import bf16_supported
 from verispec.models._linear_op import PACKED_LINEAR
 
 __all__ = ["PackedLinear", "can_prepack", "prepack_linears"]

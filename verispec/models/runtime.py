@@ -34,7 +34,7 @@ How many rows each pass and product runs on, so that a token's logits are the sa
 (:func:`~verispec.kernels.dtypes.auto_dtype`) picks float32 where the weights are a GGUF
 file's blocks and the block kernel runs (the products read the blocks: the fastest choice,
 and exact), else bfloat16 only where the CPU multiplies it natively (AVX-512 BF16 or AMX)
-and float32 elsewhere (:func:`~verispec.kernels.cpu_features.default_dtype`).
+and float32 elsewhere (:func:`~verispec.kernels.cpu.features.default_dtype`).
 
 Shape glossary: N tree nodes, V vocabulary, Q fed tokens, E model width.
 """
@@ -129,7 +129,7 @@ class FastModel(TreeSequenceModel):
         dtype: weight dtype: ``torch.float32``, ``torch.bfloat16``, ``torch.float16``,
             ``torch.float64`` or ``"auto"`` (:func:`~verispec.kernels.dtypes.auto_dtype`:
             float32 for a GGUF file's blocks on a CPU the block kernel runs on, else
-            :func:`~verispec.kernels.cpu_features.default_dtype`); ``None`` keeps the
+            :func:`~verispec.kernels.cpu.features.default_dtype`); ``None`` keeps the
             source model's.
         max_length: cap on the context (prompt plus generated plus tree); defaults to
             ``max_position_embeddings``.
@@ -146,7 +146,7 @@ class FastModel(TreeSequenceModel):
             tiling and summation order, so a row's
             result does not depend on how many rows run with it: tree rows equal sequential
             rows bit for bit, as the CPU kernels give
-            (:mod:`verispec.kernels.batch_invariant`, :mod:`verispec.kernels.graph_ops`).
+            (:mod:`verispec.kernels.triton.batch_invariant`, :mod:`verispec.kernels.graph_ops`).
             Off by default; ``True`` needs CUDA (or Triton's interpreter on the CPU, for
             tests).
         keep_source: keep a reference to ``hf_model`` as :attr:`hf_model`. ``False``
@@ -178,7 +178,7 @@ class FastModel(TreeSequenceModel):
             float32 products of the widened weights, the model unchanged. ``"int8"``: each
             row's activations are rounded to 8-bit codes per 32 values (llama.cpp's Q8_1)
             and multiplied by the weights' codes in integer instructions
-            (``_cpu_int8.c``), the LM head and the prompt pass included: a *different
+            (``kernels/cpu/int8.c``), the LM head and the prompt pass included: a *different
             model*, the one llama.cpp computes, whose tree rows cost less than float32
             ones (figures: docs/benchmarks.rst). Matrices that are exactly Q4_1 or Q8_0
             blocks keep their codes; any other (a dense model) is rounded to Q8_0 blocks at
@@ -581,7 +581,7 @@ WEIGHTS = ("auto", "blocks", "dense", "q4_1")
 
 def use_invariant_kernels(transformer: Transformer) -> None:
     """Swap every product and norm of ``transformer`` for the batch-invariant Triton kernels
-    of :mod:`verispec.kernels.batch_invariant` (the same weights, shared, not copied):
+    of :mod:`verispec.kernels.triton.batch_invariant` (the same weights, shared, not copied):
     ``batch_invariant=True``, with the static attention of
     :mod:`verispec.kernels.graph_ops`. From outside, as the block products are swapped in:
     the model file imports no kernel."""
@@ -691,7 +691,7 @@ class _SharedRuntime:
     uses_cpu_layers: bool = False  # ... and, with every product in blocks, the whole layer
     uses_c_decode: bool = False  # ... and with a block head, a decoding step in one C call
     wrapper: BucketedForward | None = None  # compiled or graphed; None: eager
-    batch_invariant: bool = False  # the Triton kernels of kernels.batch_invariant (CUDA)
+    batch_invariant: bool = False  # the Triton kernels of kernels.triton.batch_invariant (CUDA)
     triton_attention: bool = False  # static passes on kernels.graph_ops.static_attention
     min_rows: int = attrs.field(
         init=False, default=attrs.Factory(_min_rows, takes_self=True)

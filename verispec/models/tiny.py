@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from verispec.errors import ConfigError
-from verispec.kernels.cpu_features import default_dtype
+from verispec.kernels.cpu.features import default_dtype
 from verispec.models.hf import HFModel
 from verispec.models.target import make_target
 

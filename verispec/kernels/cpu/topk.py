@@ -4,12 +4,12 @@ Token Recycling (:mod:`verispec.drafters.token_recycling`) and Dynamic Token Rec
 write the target's top-``k`` at every scored row into their matrix after each drafted
 step. With ``torch`` ops that took 0.12 to 0.2 ms for the one to four rows of a small CPU
 tree (several ops, each with its own dispatch), 2 to 4 % of a two-thread decoding step
-on the AVX2 EPYC. :func:`topk_rows` runs ``_cpu_topk.c``: one pass over each row, a vector
+on the AVX2 EPYC. :func:`topk_rows` runs ``topk.c``: one pass over each row, a vector
 maximum per eight logits, with (when asked) the log-sum-exp of the row's block maxima
 (Dynamic Token Recycling's score normaliser). Same values as ``torch.topk``; among equal
 values the lower id first.
 
-Built at first use with the system's C compiler (:func:`verispec.kernels.cpu_build.build`);
+Built at first use with the system's C compiler (:func:`verispec.kernels.cpu.build.build`);
 where it cannot be, or for rows it does not take (not float32 on the CPU, a block size that
 does not divide the vocabulary, a NaN), :func:`topk_rows` returns ``None`` and the caller
 uses ``torch.topk``.
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from verispec.kernels.cpu_build import build
+from verispec.kernels.cpu.build import build
 
 __all__ = ["library", "topk_rows"]
 
-_SOURCE = Path(__file__).with_name("_cpu_topk.c")
+_SOURCE = Path(__file__).with_name("topk.c")
 _STATE: dict[str, object] = {}
 
 

@@ -1,6 +1,6 @@
 /* verispec's CPU attention over a tree pass: one call per layer instead of ~50 torch ops.
  *
- * Built with _cpu_linear.c into one library (verispec/models/cpu_linear.py). Each query
+ * Built with kernels/cpu/linear.c into one library (verispec/models/cpu_linear.py). Each query
  * row (token i, head h) has its own arithmetic, over the keys it sees in slot order: the
  * committed slots [0, first) and the local slots the mask allows. Its score with a key is
  * one FMA chain over the head dimension summed by hsum8's fixed pairs, the softmax
@@ -23,7 +23,7 @@
  * cache_v (Hkv, cap, D + 1) (the last column is the runtime's column of ones, untouched);
  * mask (Q, W) bytes, 1 = attend; out (Q, H * D). D is a multiple of 8.
  */
-#include "_cpu_simd.h"
+#include "simd.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

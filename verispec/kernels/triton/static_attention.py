@@ -15,7 +15,7 @@ depends on its own query, the cache and its mask row only, summed over the same 
 the same order whatever ``Q`` is and wherever the row sits in its tile: a fully masked
 tile leaves the running maximum, sum and accumulator exactly as they were (``exp(0) = 1``,
 ``p = 0``). So tree rows equal sequential rows bit for bit: the attention half of
-``batch_invariant=True`` (:mod:`verispec.kernels.batch_invariant` has the products).
+``batch_invariant=True`` (:mod:`verispec.kernels.triton.batch_invariant` has the products).
 
 The softmax scale is folded into the queries by the model (``from_hf``). GQA: query head
 ``h`` reads key/value head ``h // num_groups``. Host wrapper:

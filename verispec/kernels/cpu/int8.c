@@ -2,8 +2,8 @@
  * 8-bit codes multiplied by 8-bit codes of x in integer instructions, as llama.cpp does
  * (Q4_1 x Q8_1, Q8_0 x Q8_0).
  *
- * Built with _cpu_linear.c (vs_linear hands formats 3 and 4 here), called through ctypes
- * (verispec/models/cpu_linear.py) and by the C layer (_cpu_layer.c).
+ * Built with kernels/cpu/linear.c (vs_linear hands formats 3 and 4 here), called through ctypes
+ * (verispec/models/cpu_linear.py) and by the C layer (kernels/cpu/layer.c).
  *
  * The activations: each row of x is quantized on its own, per block of 32 values
  * (llama.cpp's Q8_1): d = max |x_i| / 127, q_i = round-half-even(x_i * (1 / d)) (0 where
@@ -27,7 +27,7 @@
  * (AVX2 vpmaddubsw + vpmaddwd; AVX-VNNI and AVX512-VNNI vpdpbusd; portable C) gives the
  * same bits, for any row count, tiling or thread count: tree rows equal sequential rows.
  */
-#include "_cpu_simd.h"
+#include "simd.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

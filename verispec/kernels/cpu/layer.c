@@ -1,6 +1,6 @@
 /* One decoder layer of the runtime's Llama (verispec/models/llama.py, Block) in one C call:
  * RMSNorm, the fused query/key/value product, rotary positions, the attention
- * (_cpu_attention.c), the output product and residual, RMSNorm, the gate/up product,
+ * (kernels/cpu/attention.c), the output product and residual, RMSNorm, the gate/up product,
  * SwiGLU, the down product and residual. On a small CPU the ~15 torch operators a layer
  * spends around its products and attention cost more in dispatch than in arithmetic.
  *
@@ -8,7 +8,7 @@
  * rotary rows, a draft tree's mask and positions from its parents, the final norm, the LM
  * head), so that a decoding step is one call (verispec/models/cpu_layer.py, forward).
  *
- * Built with _cpu_linear.c and _cpu_attention.c into one library
+ * Built with kernels/cpu/linear.c and kernels/cpu/attention.c into one library
  * (verispec/models/cpu_linear.py). Every step works on one token row at a time (the
  * products and the attention are row-invariant, the norms, rotary, SwiGLU and residuals
  * are per row), so a row's bits depend on that row's input and the keys it sees only:
@@ -20,7 +20,7 @@
  * Layouts (float32, row-major): x (Q, E), updated in place; cos, sin (Q, D); caches and
  * mask as for vs_attend. Weights: vs_weights records as vs_linear reads them.
  */
-#include "_cpu_simd.h"
+#include "simd.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

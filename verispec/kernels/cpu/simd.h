@@ -1,5 +1,5 @@
-/* SIMD helpers shared by verispec's CPU kernels (_cpu_linear.c, _cpu_attention.c,
- * _cpu_layer.c): a fixed horizontal sum and a vectorised exp. */
+/* SIMD helpers shared by verispec's CPU kernels (kernels/cpu/linear.c, kernels/cpu/attention.c,
+ * kernels/cpu/layer.c): a fixed horizontal sum and a vectorised exp. */
 #ifndef VS_CPU_SIMD_H
 #define VS_CPU_SIMD_H
 #include <immintrin.h>

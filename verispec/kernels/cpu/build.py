@@ -2,7 +2,7 @@
 
 The CPU kernels are C files beside the modules that call them (the runtime's products,
 attention and layers in :mod:`verispec.models`; the logits' top-k in
-:mod:`verispec.kernels.cpu_topk`). :func:`build` compiles a set of them with the system's
+:mod:`verispec.kernels.cpu.topk`). :func:`build` compiles a set of them with the system's
 C compiler for this machine (``-march=native``) into ``$VERISPEC_CACHE/kernels``, keyed by
 the sources, the compiler, the flags and the CPU's instruction sets, so a library is built
 once per machine and source and a changed source is built again. A library is written to a
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from verispec.core.paths import cache_dir
-from verispec.kernels.cpu_features import cpu_flags
+from verispec.kernels.cpu.features import cpu_flags
 
 __all__ = ["COMPILE_FLAGS", "build", "source_hash"]
 

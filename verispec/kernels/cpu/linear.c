@@ -19,9 +19,9 @@
  *                byte j holds q_j (low nibble) and q_{j+16} (high nibble)
  *   2  Q8_0      struct { float d; int8 q[32]; }       w[i] = q_i * d
  *   3, 4         Q4_1 / Q8_0 in panels of eight rows, multiplied in integers
- *                (arithmetic="int8"): handed to vs_linear_int8 (_cpu_int8.c)
+ *                (arithmetic="int8"): handed to vs_linear_int8 (kernels/cpu/int8.c)
  */
-#include "_cpu_simd.h"
+#include "simd.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
