@@ -18,7 +18,7 @@ import time
 import torch
 
 from verispec.bench.commands.flags import add_threads_option
-from verispec.models.cpu_attention import attend_cpu
+from verispec.models.accelerators.c_attention import attend_cpu
 
 
 def main() -> None:

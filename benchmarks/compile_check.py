@@ -125,7 +125,8 @@ def _interpreter_off() -> Iterator[None]:
 
 
 def jit_module(name: str) -> ModuleType:
-    """A private copy of ``verispec.kernels.triton.<name>`` whose kernels are ``JITFunction`` objects.
+    """A private copy of ``verispec.kernels.triton.<name>`` whose kernels are
+    ``JITFunction`` objects.
 
     Loaded from source with the interpreter off, whatever ``TRITON_INTERPRET`` says,
     and kept out of ``sys.modules`` so the interpreted module in use is untouched.

@@ -39,8 +39,8 @@ import torch
 from verispec.bench.commands.flags import add_threads_option
 from verispec.kernels.cpu import build as cpu_build
 from verispec.kernels.cpu.features import cpu_features
-from verispec.models import cpu_linear
-from verispec.models.cpu_linear import (
+from verispec.models.accelerators import blocks as cpu_linear
+from verispec.models.accelerators.blocks import (
     FORMATS,
     INT8_KINDS,
     library,

@@ -31,7 +31,7 @@ from verispec.bench.commands.flags import add_threads_option
 from verispec.drafters.budget import measure_latency
 from verispec.kernels.cpu.features import cpu_features
 from verispec.models import FastModel, HFModel
-from verispec.models.cpu_linear import quantize_blocks
+from verispec.models.accelerators.blocks import quantize_blocks
 
 # (name, hidden, layers, heads, kv heads, intermediate): the SmolLM2 family's configs
 SHAPES = {

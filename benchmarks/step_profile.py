@@ -9,14 +9,14 @@ step size n (the root plus n - 1 tree nodes, after a ``--context``-token prompt)
 ``--repeats`` steps and splits each into
 
 * **C layers**: where the decoder layers run as one C call
-  (:meth:`verispec.models.cpu_layer.LayerKernel.forward`), that call, timed around it:
+  (:meth:`verispec.models.accelerators.c_layers.LayerKernel.forward`), that call, timed around it:
   the embedding and rotary rows, the layers' products, attention and small operators and
   the final norm together, and in a one-token step (n = 1) the LM head too (the columns
   below then hold the rest of the step only);
 * **products**: the decoder layers' weight products (timed around each call);
 * **LM head**: the output product over the rows verification reads;
-* **attention**: :func:`verispec.models.llama.attend` or, where it runs, the C attention
-  :func:`verispec.models.cpu_attention.attend_cpu` (cache write, scores, mask, softmax,
+* **attention**: :func:`verispec.models.attention.attend` or, where it runs, the C attention
+  :func:`verispec.models.accelerators.c_attention.attend_cpu` (cache write, scores, mask, softmax,
   value product), timed around each call;
 * **small ops**: every other torch operator (norms, rotary, residuals, SwiGLU, casts,
   embedding), the self time torch's profiler gives them;
@@ -40,14 +40,14 @@ from typing import Any
 import torch
 from runtime_latency import read_bandwidth  # beside this script
 
-import verispec.models.llama as llama
 from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.records import machine_info
 from verispec.drafters.budget import _chain_like_tree
 from verispec.kernels.cpu.features import cpu_features
-from verispec.models.cpu_linear import BlockLinear
+from verispec.models.accelerators.blocks import BlockLinear
+from verispec.models.accelerators.onednn import PackedLinear
 from verispec.models.default import load_default_model
-from verispec.models.onednn import PackedLinear
+from verispec.models.llama import PassKind
 from verispec.models.runtime import FastModel
 
 
@@ -95,7 +95,8 @@ def profile_step(model: FastModel, n: int, context: int, repeats: int) -> dict[s
         setattr(
             module, entry[id(module)], timed(module, "LM head" if module is head else "products")
         )
-    attentions = {name: getattr(llama, name) for name in ("attend", "attend_cpu")}
+    cores = [block.attention.cores for block in model.transformer.blocks]
+    tree_cores = [c[PassKind.TREE] for c in cores]  # the torch operators or the C call
 
     def timed_attention(function: Any) -> Any:
         def run(*args: torch.Tensor) -> torch.Tensor:
@@ -107,25 +108,22 @@ def profile_step(model: FastModel, n: int, context: int, repeats: int) -> dict[s
 
         return run
 
-    for name, function in attentions.items():  # the torch operators or the C call
-        setattr(llama, name, timed_attention(function))
-    kernel = model.transformer.cpu_layers
+    for core, function in zip(cores, tree_cores, strict=True):
+        core[PassKind.TREE] = timed_attention(function)
+    layers = model._shared.layers  # every layer in one C call, where it runs
 
-    class TimedLayers:  # the kernel, its one C call a forward timed
-        def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def timed_layers(function: Any) -> Any:  # its one C call a pass or step timed
+        def run(*args: Any, **kwargs: Any) -> torch.Tensor:
             start = time.perf_counter()
-            out = kernel.forward(*args, **kwargs)
+            out = function(*args, **kwargs)
             spent["C layers"] += time.perf_counter() - start
             return out
 
-        def subset(self, layers: Any) -> Any:
-            return kernel.subset(layers)
+        return run
 
-        def runs_head(self, transformer: Any) -> bool:
-            return bool(kernel.runs_head(transformer))
-
-    if kernel is not None:  # every layer in one C call, where it runs
-        model.transformer.cpu_layers = TimedLayers()
+    if layers is not None:
+        layers.forward = timed_layers(layers.tree_pass)
+        layers.decode_step = timed_layers(layers.decode_step)  # type: ignore[method-assign]
     generator = torch.Generator().manual_seed(0)
     try:
         model.prefill(torch.randint(model.vocab_size, (context,), generator=generator))
@@ -156,9 +154,11 @@ def profile_step(model: FastModel, n: int, context: int, repeats: int) -> dict[s
         spent.clear()
         spent.update(timed_classes)
     finally:
-        model.transformer.cpu_layers = kernel
-        for name, function in attentions.items():
-            setattr(llama, name, function)
+        if layers is not None:
+            layers.forward = layers.tree_pass
+            del layers.decode_step
+        for core, function in zip(cores, tree_cores, strict=True):
+            core[PassKind.TREE] = function
         for module in linears:
             setattr(module, entry[id(module)], originals[id(module)])
         model.reset()

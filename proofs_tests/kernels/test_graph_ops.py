@@ -11,7 +11,8 @@ import torch
 
 from verispec.core import DraftTree
 from verispec.kernels.graph_ops import ATTENTION_TILES, static_attention
-from verispec.models.llama import attend_static
+from verispec.models.attention import attend_static
+from verispec.models.llama import PassKind
 
 HEADS, KV_HEADS, HEAD_DIM, CAPACITY = 6, 2, 16, 320
 
@@ -176,7 +177,7 @@ def test_the_runtime_runs_it_in_its_static_passes(device: torch.device) -> None:
     (those the CUDA graphs replay; here through the graphs' buffers without capturing) and
     its logits follow the torch static path's to float32 rounding, prefill and tree."""
     from verispec.models import FastModel, tiny_model
-    from verispec.models._graphs import GraphedForward
+    from verispec.models.accelerators.graphs import GraphedForward
 
     hf = tiny_model("llama", vocab_size=64, seed=2, dtype=torch.float32, hidden_size=64)
     models = []
@@ -185,7 +186,7 @@ def test_the_runtime_runs_it_in_its_static_passes(device: torch.device) -> None:
         model._shared.wrapper = GraphedForward(model.transformer, capture=False)
         models.append(model)
     assert all(
-        block.attention.static_attention.func is static_attention  # type: ignore[attr-defined]
+        block.attention.cores[PassKind.STATIC].func is static_attention  # type: ignore[attr-defined]
         for block in models[1].transformer.blocks
     )
     tree = DraftTree.from_parents([7, 8, 9, 10, 11], [-1, 0, 1, -1, 3])
@@ -317,7 +318,7 @@ def test_batch_invariant_runtime_follows_the_default(device: torch.device) -> No
     orders), prefill and tree pass, through the graphs' static buffers."""
     from verispec.kernels.graph_ops import InvariantLinear, InvariantRMSNorm
     from verispec.models import FastModel, tiny_model
-    from verispec.models._graphs import GraphedForward
+    from verispec.models.accelerators.graphs import GraphedForward
 
     hf = tiny_model("llama", vocab_size=64, seed=2, dtype=torch.float32, hidden_size=64)
     plain = FastModel(hf.hf_model.to(device), cuda_graphs=False, attention="torch", prepack=False)

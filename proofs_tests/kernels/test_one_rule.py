@@ -110,9 +110,9 @@ _KERNEL_MODULES = {
 
 
 def test_the_backend_is_chosen_in_verispec_kernels_only() -> None:
-    """Outside ``verispec/kernels`` (and its subpackages) no module imports the switch's functions, ``triton``
-    or a kernel module: the verifiers, drafters and models call ``kernels.ops``, which
-    picks Triton or the PyTorch twin."""
+    """Outside ``verispec/kernels`` (and its subpackages) no module imports the switch's
+    functions, ``triton`` or a kernel module: the verifiers, drafters and models call
+    ``kernels.ops``, which picks Triton or the PyTorch twin."""
     package = Path(verispec.__file__).parent
     offenders = []
     for path in sorted(package.rglob("*.py")):

@@ -62,7 +62,7 @@ def test_after_warm_up_real_passes_build_no_graph(monkeypatch: pytest.MonkeyPatc
     past the last bucket runs eagerly (a new prompt length must not compile)."""
     from torch._dynamo.utils import counters
 
-    from verispec.models._compiled import CompiledForward
+    from verispec.models.accelerators.compiled import CompiledForward
 
     monkeypatch.setattr(CompiledForward, "buckets", (2,))  # build one bucket only
     hf = tiny_model("llama", vocab_size=64, seed=6, dtype=torch.float32, hidden_size=64).hf_model

@@ -21,7 +21,7 @@ from verispec.decoder import SpeculativeDecoder
 from verispec.drafters.token_recycling import TokenRecycling
 from verispec.errors import ConfigError
 from verispec.models import FastModel, tiny_model
-from verispec.models.cpu_linear import (
+from verispec.models.accelerators.blocks import (
     BlockLinear,
     from_panels,
     int8_path,

@@ -1,4 +1,4 @@
-"""Tests of verispec/models/cpu_linear.py: the CPU kernel that reads GGUF blocks.
+"""Tests of verispec/models/accelerators/blocks.py: the CPU kernel that reads GGUF blocks.
 
 What it promises: the blocks it finds widen to the float32 matrix bit for bit (so the model
 is unchanged); its products equal its float32 twin on the widened matrix bit for bit and
@@ -21,14 +21,17 @@ from torch import nn
 from verispec.core import DraftTree
 from verispec.errors import ConfigError
 from verispec.kernels.cpu.features import cpu_flags
-from verispec.models import FastModel, cpu_linear, tiny_model
-from verispec.models.cpu_linear import (
+from verispec.models import FastModel, tiny_model
+from verispec.models.accelerators import blocks as cpu_linear
+from verispec.models.accelerators.blocks import (
     BlockLinear,
     kernel_status,
     quantize_blocks,
     recover_blocks,
 )
-from verispec.models.llama import AttentionKernel, PassInputs
+from verispec.models.accelerators.c_layers import LayerKernel
+from verispec.models.attention import attend
+from verispec.models.llama import PassInputs, PassKind
 from verispec.models.runtime import PROMPT_PASS_TOKENS, prompt_pass_tokens
 
 available, why = kernel_status()
@@ -171,7 +174,7 @@ def test_q4_1_model_reads_every_matrix_as_blocks() -> None:
     and a one-token pass runs on one row."""
     model = blocks_model()
     assert model.runtime == "eager+GGUF blocks+C layers"
-    assert model.transformer.cpu_layers is not None
+    assert model._shared.layers is not None
     linears = [m for m in model.transformer.modules() if isinstance(m, nn.Linear | BlockLinear)]
     assert linears and all(isinstance(m, BlockLinear) for m in linears)
     assert model.transformer.output.fmt == "q8_0"
@@ -247,10 +250,12 @@ def test_the_prompt_pass_equals_the_tree_kernels_prefill_to_rounding(
 
         return wrapper
 
-    monkeypatch.setattr(llama, "attend_prompt", counted("attention", llama.attend_prompt))
     monkeypatch.setattr(BlockLinear, "dequantized", counted("widened", BlockLinear.dequantized))
     monkeypatch.setattr(llama, "PROMPT_MLP_ROWS", 64)
     model = blocks_model(512)
+    for block in model.transformer.blocks:
+        cores = block.attention.cores
+        monkeypatch.setitem(cores, PassKind.PROMPT, counted("attention", cores[PassKind.PROMPT]))
     prompt = torch.randint(0, V, (300,), generator=torch.Generator().manual_seed(3))
     model.prefill(prompt)
     layers = len(model.transformer.blocks)
@@ -278,8 +283,6 @@ def test_the_prompt_pass_threshold_follows_the_thread_count(
     step) runs the prompt pass (its fused attention called) at one thread and the tree
     kernels at two, where the threshold is twice as long (``prompt_pass_tokens``); one of
     ``2 PROMPT_PASS_TOKENS + 1`` tokens runs the prompt pass at both."""
-    import verispec.models.llama as llama
-
     assert prompt_pass_tokens(1) == PROMPT_PASS_TOKENS
     assert prompt_pass_tokens(2) == prompt_pass_tokens(8) == 2 * PROMPT_PASS_TOKENS
     calls = {"attention": 0}
@@ -288,8 +291,10 @@ def test_the_prompt_pass_threshold_follows_the_thread_count(
         calls["attention"] += 1
         return attend_prompt(*args, **kwargs)
 
-    attend_prompt = llama.attend_prompt
-    monkeypatch.setattr(llama, "attend_prompt", counted)
+    model = blocks_model(512)
+    attend_prompt = model.transformer.blocks[0].attention.cores[PassKind.PROMPT]
+    for block in model.transformer.blocks:
+        monkeypatch.setitem(block.attention.cores, PassKind.PROMPT, counted)
     kept = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -324,9 +329,9 @@ def test_a_prefill_skips_the_last_layers_rows_and_caches_the_same_bits(
     skipped = [(k.clone(), v.clone()) for k, v in model.kv_cache()]
     ran = {"blocks": 0}
 
-    def full_pass(self, x, inputs, caches, layers):  # type: ignore[no-untyped-def]
+    def full_pass(self, x, inputs):  # type: ignore[no-untyped-def]
         ran["blocks"] += 1
-        return self._blocks(x, inputs, caches, layers)[:0]
+        return self._blocks(x, inputs)[:0]
 
     monkeypatch.setattr(Transformer, "_write_caches", full_pass)
     model.prefill(prompt)
@@ -353,7 +358,7 @@ def test_without_the_kernel_auto_runs_dense_and_blocks_is_refused(
 ) -> None:
     """Where the kernel cannot be built, weights='auto' keeps oneDNN on a model that is
     blocks, and weights='blocks' fails naming why."""
-    import verispec.models.cpu_linear as cpu_linear
+    import verispec.models.accelerators.blocks as cpu_linear
 
     monkeypatch.setattr(cpu_linear, "_STATE", {"lib": None, "why": "no C compiler (test)"})
     hf = tiny_model("llama", vocab_size=V, seed=1, dtype=torch.float32, hidden_size=64).hf_model
@@ -370,7 +375,7 @@ def test_a_missing_compiler_is_reported_not_raised(
 ) -> None:
     """A compiler that does not exist makes the build fail with a reason (kernel_status),
     and nothing is left in the kernel cache."""
-    import verispec.models.cpu_linear as cpu_linear
+    import verispec.models.accelerators.blocks as cpu_linear
 
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
@@ -385,8 +390,7 @@ def test_a_missing_compiler_is_reported_not_raised(
 def test_c_attention_equals_torch_attention(queries: int) -> None:
     """attend_cpu writes the same cache entries as attend and gives its outputs to rounding,
     for a random tree mask after 300 committed slots (SmolLM2's heads: 9 over 3, D = 64)."""
-    from verispec.models.cpu_attention import attend_cpu
-    from verispec.models.llama import attend
+    from verispec.models.accelerators.c_attention import attend_cpu
 
     g = torch.Generator().manual_seed(queries)
     cache_k = torch.randn(3, 512, 64, generator=g)
@@ -406,7 +410,7 @@ def test_c_attention_equals_torch_attention(queries: int) -> None:
 def test_c_attention_row_depends_only_on_its_keys() -> None:
     """A row of the C attention has the same bits alone and among 15 others, and when masked
     slots lie between its keys: the property tree decoding needs."""
-    from verispec.models.cpu_attention import attend_cpu
+    from verispec.models.accelerators.c_attention import attend_cpu
 
     g = torch.Generator().manual_seed(0)
     cache_k = torch.randn(3, 512, 64, generator=g)
@@ -444,7 +448,7 @@ def test_c_attention_row_ignores_the_rows_after_it_and_the_threads(start: int) -
     count: the pass sweeps each key block once for all rows of a KV group, and the keys at
     the end of a short pass (scored one by one) fall into whole blocks of eight (scored
     together) when later rows lengthen it."""
-    from verispec.models.cpu_attention import attend_cpu
+    from verispec.models.accelerators.c_attention import attend_cpu
 
     g = torch.Generator().manual_seed(start)
     cache_k = torch.randn(3, 384, 64, generator=g)
@@ -517,8 +521,8 @@ def test_c_layers_equal_the_torch_blocks(queries: int) -> None:
     and a self-draft's subset of them)."""
     model = blocks_model()
     transformer = model.transformer
-    kernel = transformer.cpu_layers
-    assert kernel is not None
+    assert model._shared.layers is not None
+    kernel = model._shared.layers.kernel
     x, cos, sin, where, mask = _layer_inputs(model, queries, seed=queries)
     layers = len(transformer.blocks)
     for subset in (list(range(layers)), [layers - 1]):
@@ -532,11 +536,12 @@ def test_c_layers_equal_the_torch_blocks(queries: int) -> None:
         expected = x
         for i, cache in zip(subset, theirs, strict=True):
             block = transformer.blocks[i]
-            block.attention.kernel = AttentionKernel.TORCH
+            cores = block.attention.cores
+            c_core, cores[PassKind.TREE] = cores[PassKind.TREE], attend
             try:
                 expected = block(expected, PassInputs(cos, sin, where, mask), cache)
             finally:
-                block.attention.kernel = AttentionKernel.C
+                cores[PassKind.TREE] = c_core
         assert (got - expected).abs().max().item() < 1e-4 * expected.abs().max().item()
         for a, b in zip(ours, theirs, strict=True):
             assert (a.k - b.k).abs().max().item() < 1e-4
@@ -548,7 +553,7 @@ def test_c_layers_read_replaced_weights() -> None:
     """A product whose blocks are replaced is read from the new tensor on the next call
     (the kernel keeps no stale pointer)."""
     model = blocks_model()
-    kernel = model.transformer.cpu_layers.subset([1])
+    kernel = c_layers(model).subset([1])
     x, cos, sin, where, mask = _layer_inputs(model, 2, seed=0)
     inputs = PassInputs(cos, sin, where, mask)
     caches = model.transformer.setup_caches(64, num_layers=1)
@@ -573,7 +578,7 @@ def test_c_layers_read_weights_moved_by_module_apply() -> None:
     is read from the new tensor: editing the copy changes the next result, editing the
     old tensor does not."""
     model = blocks_model()
-    kernel = model.transformer.cpu_layers.subset([1])
+    kernel = c_layers(model).subset([1])
     x, cos, sin, where, mask = _layer_inputs(model, 2, seed=0)
     inputs = PassInputs(cos, sin, where, mask)
     before = kernel(x, inputs, model.transformer.setup_caches(64, num_layers=1))
@@ -593,7 +598,7 @@ def test_c_layers_write_the_caches_they_are_given() -> None:
     """Called with other caches (the runtime's grow by replacement), the kernel writes those
     and reads theirs, not the caches of an earlier call."""
     model = blocks_model()
-    kernel = model.transformer.cpu_layers
+    kernel = c_layers(model)
     layers = len(model.transformer.blocks)
     x, cos, sin, where, mask = _layer_inputs(model, 3, seed=1)
     inputs = PassInputs(cos, sin, where, mask)
@@ -610,6 +615,12 @@ def test_c_layers_write_the_caches_they_are_given() -> None:
         assert torch.equal(cache.k[:, :40], before[:, :40])
     third = model.transformer.setup_caches(64, num_layers=layers)
     assert torch.equal(kernel(x, inputs, third), out_first)  # fresh caches: the first result
+
+
+def c_layers(model: FastModel) -> LayerKernel:
+    """The model's C layer kernel (every product is a block one here)."""
+    assert model._shared.layers is not None
+    return model._shared.layers.kernel
 
 
 def _decode(
@@ -638,28 +649,28 @@ def test_a_step_is_one_c_call_with_the_general_paths_bits(
     prompt: list[int], tokens: list[int], tree: DraftTree
 ) -> None:
     """With the C layers and a block-product head, a step with one pending token, plain or
-    with a tree, runs as one C call (``Transformer.decode_step``: embedding, layers with the
+    with a tree, runs as one C call (``CLayers.decode_step``: embedding, layers with the
     tree's mask built in C, final norm, head) and its logits are bit for bit those of the
     general pass (the mask and positions built in torch, the C layers, then the head as a
     product of its own), step after step."""
     model = blocks_model()
-    transformer = model.transformer
-    assert model._shared.uses_c_decode
+    layers = model._shared.layers
+    assert layers is not None and layers.decodes
     calls = []
-    decode_step = transformer.decode_step
+    decode_step = layers.decode_step
 
     def counted(*args: object, **kwargs: object) -> torch.Tensor:
         calls.append(args)
         return decode_step(*args, **kwargs)  # type: ignore[arg-type]
 
-    transformer.decode_step = counted  # type: ignore[method-assign]
+    layers.decode_step = counted  # type: ignore[method-assign]
     try:
         fast = _decode(model, prompt, tokens, tree)
-        model._shared.uses_c_decode = False
+        layers.decodes = False
         general = _decode(model, prompt, tokens, tree)
     finally:
-        model._shared.uses_c_decode = True
-        del transformer.decode_step
+        layers.decodes = True
+        del layers.decode_step
     assert len(calls) == len(tokens) + 1
     assert [a.shape for a in fast] == [(1, V)] * len(tokens) + [(tree.num_nodes + 1, V)]
     for a, b in zip(fast, general, strict=True):
@@ -671,11 +682,11 @@ def test_the_c_forward_refuses_an_unknown_token_and_writes_nothing() -> None:
     """A token id outside the vocabulary is refused with the range it must be in, before any
     cache slot is written."""
     model = blocks_model()
-    transformer = model.transformer
-    caches = transformer.setup_caches(64)
+    caches = model.transformer.setup_caches(64)
     before = [(c.k.clone(), c.v.clone()) for c in caches]
+    assert model._shared.layers is not None
     with pytest.raises(RuntimeError, match=rf"token ids must be in \[0, {V}\)"):
-        transformer.decode_step(V, 3, caches, 3)
+        model._shared.layers.decode_step(V, 3, caches, 3)
     for cache, (k, v) in zip(caches, before, strict=True):
         assert torch.equal(cache.k, k) and torch.equal(cache.v, v)
 
@@ -687,7 +698,7 @@ def test_the_c_forward_reads_a_head_moved_by_module_apply() -> None:
     copy zeroes the logits."""
     hf = tiny_model("llama", vocab_size=V, seed=3, dtype=torch.float32, hidden_size=64).hf_model
     model = FastModel(hf, dtype=torch.float32, weights="q4_1")
-    assert model._shared.uses_c_decode
+    assert model._shared.layers is not None and model._shared.layers.decodes
     before = _decode(model, [1, 2, 3], [4])[0]
     head = model.transformer.output
     old = head.blocks
@@ -709,9 +720,9 @@ def test_a_head_that_is_not_blocks_decodes_through_the_general_pass() -> None:
             if isinstance(linear, nn.Linear):
                 linear.weight.copy_(quantize_blocks(linear.weight, "q4_1"))
     model = FastModel(hf, dtype=torch.float32)
-    assert model.transformer.cpu_layers is not None
+    assert model._shared.layers is not None
     assert not isinstance(model.transformer.output, BlockLinear)
-    assert not model._shared.uses_c_decode
+    assert not model._shared.layers.decodes
     prompt = [5, 6, 7]
     tree = DraftTree.from_parents(torch.tensor([8, 9, 10]), [-1, 0, -1])
     model.prefill(torch.tensor(prompt))
@@ -725,7 +736,7 @@ def test_the_c_forward_equals_its_parts() -> None:
     logits of the last rows are bit for bit the head's product on those normed rows."""
     model = blocks_model()
     transformer = model.transformer
-    kernel = transformer.cpu_layers
+    kernel = c_layers(model)
     tokens, positions = torch.tensor([3, 17, 60]), torch.tensor([5, 6, 7])
     mask = torch.ones(3, 3, dtype=torch.bool).tril()
     weight = transformer.norm.weight

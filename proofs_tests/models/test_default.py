@@ -143,7 +143,7 @@ def test_auto_dtype_loads_the_embedded_model_in_float32_blocks() -> None:
     natively: float32 on the blocks is faster there, and exact), and the transformers
     source model in the same dtype."""
     from verispec.kernels.cpu.features import default_dtype
-    from verispec.models.cpu_linear import kernel_status
+    from verispec.models.accelerators.blocks import kernel_status
 
     model, _ = load_default_model(dtype="auto")
     if kernel_status()[0]:

@@ -1,7 +1,7 @@
 """Tests of verispec/models/_graphs.py: the CUDA-graph path's static buffers and attention.
 
 Without a GPU the wrapper runs its static-buffer path without capturing (``capture=False``):
-the same buffers, the same :func:`~verispec.models.llama.attend_static` over the whole cache,
+the same buffers, the same :func:`~verispec.models.attention.attend_static` over the whole cache,
 so everything but the capture itself is checked here; the capture runs in the GPU test.
 """
 
@@ -16,8 +16,8 @@ from model_references import tree_reference
 from verispec.core import DraftTree
 from verispec.errors import ConfigError
 from verispec.models import FastModel, tiny_model
-from verispec.models._graphs import GraphedForward
-from verispec.models.buckets import GRAPH_BUCKETS
+from verispec.models.accelerators.buckets import GRAPH_BUCKETS
+from verispec.models.accelerators.graphs import GraphedForward
 
 V = 64
 

@@ -56,7 +56,7 @@ def test_auto_dtype_is_decided_by_the_weights_for_a_directory_too(
     and other weights take bfloat16."""
     from transformers import AutoModelForCausalLM
 
-    from verispec.models.cpu_linear import kernel_status, quantize_blocks
+    from verispec.models.accelerators.blocks import kernel_status, quantize_blocks
 
     monkeypatch.setattr("verispec.kernels.dtypes.default_dtype", lambda device: torch.bfloat16)
     model, _ = load_model(model_dir, dtype="auto", runtime="hf")

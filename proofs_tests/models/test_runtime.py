@@ -30,11 +30,11 @@ from verispec.errors import ConfigError, UnsupportedModelError
 from verispec.kernels.cpu.features import bf16_supported, default_dtype
 from verispec.kernels.dtypes import auto_dtype
 from verispec.models import FastModel, HFModel, tiny_model
-from verispec.models.cpu_attention import cpu_attention_available
-from verispec.models.cpu_linear import holds_blocks, kernel_status, quantize_blocks
+from verispec.models.accelerators.blocks import holds_blocks, kernel_status, quantize_blocks
+from verispec.models.accelerators.c_attention import CAttention, cpu_attention_available
+from verispec.models.accelerators.onednn import PackedLinear
+from verispec.models.accelerators.probe import row_invariant_kernels
 from verispec.models.default import make_target
-from verispec.models.invariance import row_invariant_kernels
-from verispec.models.onednn import PackedLinear
 from verispec.verifiers import Greedy
 
 EXACT = 1e-9
@@ -101,7 +101,7 @@ def test_tree_rows_are_bitwise_sequential(
     model = fast(dtype=dtype, hidden_size=64, attention=attention)
     if not model.row_invariant:
         pytest.skip(f"this machine's {dtype} kernels are not row-invariant (see docs/runtime)")
-    c_attention = "+C attention" if model._shared.uses_cpu_attention else ""
+    c_attention = "+C attention" if model._shared.find(CAttention) else ""
     assert model.runtime == "eager+oneDNN" + c_attention
     assert bool(c_attention) == (attention == "auto" and cpu_attention_available(16))
     model.prefill(torch.tensor(prompt))
@@ -151,7 +151,7 @@ def test_a_deep_chain_across_a_value_block_is_bitwise_sequential() -> None:
 def test_probe_detects_row_dependent_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """row_invariant_kernels reports False when products' rows depend on the row count: here
     the projections replaced by MKL's float32 product, which is not row-invariant."""
-    import verispec.models.invariance as invariance
+    import verispec.models.accelerators.probe as invariance
 
     def mkl_forward(self: PackedLinear, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, self.weight)
@@ -194,7 +194,7 @@ def test_probe_detects_row_dependent_attention(
     other bits for some row counts (``torch.bmm`` made so on purpose), and True when they are
     row-invariant by construction (the projections' check left out): its verdict follows the
     products, not the CPU it runs on."""
-    import verispec.models.invariance as invariance
+    import verispec.models.accelerators.probe as invariance
 
     monkeypatch.setattr(invariance, "can_prepack", lambda device, dtype: False)
     monkeypatch.setattr(invariance, "_INVARIANT", {})

@@ -31,7 +31,7 @@ def dtype_names(dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> str:
 def auto_dtype(device: str | torch.device, *, blocks: bool) -> torch.dtype:
     """What ``dtype="auto"`` picks on ``device``: float32 on a CPU where the weights are a
     GGUF file's Q4_1 / Q8_0 blocks and the block kernel runs (``blocks``:
-    :func:`~verispec.models.cpu_linear.holds_blocks`; the products then read the blocks, a
+    :func:`~verispec.models.accelerators.blocks.holds_blocks`; the products then read the blocks, a
     sixth of float32's bytes, and the model is exact: faster than bfloat16 there, as
     docs/benchmarks.rst measures), else
     :func:`~verispec.kernels.cpu.features.default_dtype` (bfloat16 on a GPU or a CPU that

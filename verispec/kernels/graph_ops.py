@@ -1,6 +1,6 @@
 """The Triton kernels of the graphed CUDA runtime as PyTorch operators.
 
-The fast runtime's static passes (:mod:`verispec.models._graphs`) are captured in CUDA
+The fast runtime's static passes (:mod:`verispec.models.accelerators.graphs`) are captured in CUDA
 graphs and, with ``compile=True``, compiled by inductor first. A Triton launch inside a
 compiled function must be an operator that inductor treats as opaque, with a shape rule
 for tracing, so each kernel is registered once here with ``torch.library.custom_op``:
@@ -13,7 +13,7 @@ for tracing, so each kernel is registered once here with ``torch.library.custom_
   count (``FastModel(batch_invariant=True)`` swaps them in with :class:`InvariantLinear`
   and :class:`InvariantRMSNorm`).
 
-:func:`static_attention` has :func:`~verispec.models.llama.attend_static`'s arguments and
+:func:`static_attention` has :func:`~verispec.models.attention.attend_static`'s arguments and
 result, so the runtime swaps it into a model's attention modules from outside
 (``Attention.static_attention``); the model file imports no kernel.
 """
@@ -120,7 +120,7 @@ def static_attention(
     *,
     by_position: bool = False,
 ) -> torch.Tensor:
-    """:func:`~verispec.models.llama.attend_static` on the Triton kernel: the new keys and
+    """:func:`~verispec.models.attention.attend_static` on the Triton kernel: the new keys and
     values written at slots ``where + i`` (a 0-d int64 tensor on the device), then each query
     attends to the committed slots and, among the new ones, to what ``local_mask`` (Shape:
     (Q, Q)) allows, reading only slots ``[0, where + Q)``.

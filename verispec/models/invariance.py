@@ -6,9 +6,10 @@ docs/runtime.rst, "Tree rows and sequential decoding"). The kernels have that pr
 from some row count up, so a pass runs on at least that many rows, the rest padded and
 thrown away. The rule is written here, once:
 
-* a weight product: one row for the block kernel (:class:`~verispec.models.cpu_linear.BlockLinear`,
-  row-invariant by construction), two for oneDNN and the dense products (a single float32
-  row takes another path) — :func:`min_product_rows`;
+* a weight product: what it declares (:class:`RowProduct`: one row for the block kernel,
+  :class:`~verispec.models.accelerators.blocks.BlockLinear`, row-invariant by construction),
+  else two, as for oneDNN and the dense products (a single float32 row takes another
+  path) — :func:`min_product_rows`;
 * the attention's batched products: :data:`MIN_PRODUCT_ROWS` rows, in whole tokens of
   ``G`` query heads per key/value head, and two tokens at least — :func:`min_tokens`;
 * a pass: one token where every weight product is the block kernel (the attention pads
@@ -16,126 +17,64 @@ thrown away. The rule is written here, once:
 * the attention's value product runs per block of :data:`VALUE_BLOCK` slots, whose sum
   runs over the slots in order.
 
-:func:`row_invariant_kernels` checks on random data that this machine's kernels have
-those properties at a model's shapes; where they do not, tree rows equal sequential rows
-to rounding only.
+:func:`~verispec.models.accelerators.probe.row_invariant_kernels` checks on random data
+that this machine's kernels have those properties at a model's shapes; where they do not,
+tree rows equal sequential rows to rounding only. This module is the rule alone: the plain
+model (:mod:`verispec.models.attention`) reads it, and it imports no kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from typing import ClassVar, Protocol, runtime_checkable
 
-import torch
 from torch import nn
 
-from verispec.models.cpu_linear import BlockLinear
-from verispec.models.onednn import PackedLinear, can_prepack
-
 __all__ = [
+    "DENSE_MIN_ROWS",
     "MIN_PRODUCT_ROWS",
     "VALUE_BLOCK",
+    "RowProduct",
     "min_pass_tokens",
     "min_product_rows",
     "min_tokens",
-    "row_invariant_kernels",
 ]
 
 VALUE_BLOCK = 128
-"""Keys per block of the attention's value product (see :func:`verispec.models.llama.attend`)."""
+"""Keys per block of the attention's value product (see
+:func:`verispec.models.attention.attend`)."""
 MIN_PRODUCT_ROWS = 4
 """The fewest rows the attention's batched products run on: from there on, a row's result
-does not depend on the row count (checked by :func:`row_invariant_kernels`)."""
-_DENSE_MIN_ROWS = 2  # oneDNN's float32 product takes another path for a single row
+does not depend on the row count (checked by
+:func:`~verispec.models.accelerators.probe.row_invariant_kernels`)."""
+DENSE_MIN_ROWS = 2
+"""The fewest rows of a dense weight product (oneDNN's float32 product takes another path
+for a single row)."""
+
+
+@runtime_checkable
+class RowProduct(Protocol):
+    """A weight product that declares the fewest rows it runs on with row-invariant results
+    (the block kernel: one); a product that declares nothing needs :data:`DENSE_MIN_ROWS`."""
+
+    min_rows: ClassVar[int]
 
 
 def min_product_rows(product: nn.Module) -> int:
-    """The fewest rows the weight product ``product`` runs on: 1 for the block kernel
-    (row-invariant from one row), 2 for oneDNN and the other dense products."""
-    return 1 if isinstance(product, BlockLinear) else _DENSE_MIN_ROWS
+    """The fewest rows the weight product ``product`` runs on: what it declares
+    (:class:`RowProduct`), else :data:`DENSE_MIN_ROWS`."""
+    return product.min_rows if isinstance(product, RowProduct) else DENSE_MIN_ROWS
 
 
 def min_tokens(groups: int) -> int:
     """The fewest tokens a pass's products run on (the rest padded): two, and at least
     :data:`MIN_PRODUCT_ROWS` rows of the attention's products for ``groups`` query heads per
     key/value head. oneDNN's projections need two rows; the attention pads itself."""
-    return max(_DENSE_MIN_ROWS, -(-MIN_PRODUCT_ROWS // groups))
+    return max(DENSE_MIN_ROWS, -(-MIN_PRODUCT_ROWS // groups))
 
 
 def min_pass_tokens(module: nn.Module, groups: int) -> int:
     """The fewest tokens a forward of ``module`` (a decoder) runs on: one where every weight
     product under it is the block kernel (the attention pads its own products), else
     :func:`min_tokens` of ``groups`` query heads per key/value head."""
-    products: Iterable[nn.Module] = (
-        m for m in module.modules() if isinstance(m, nn.Linear | PackedLinear | BlockLinear)
-    )
+    products = (m for m in module.modules() if isinstance(m, nn.Linear | RowProduct))
     return 1 if all(min_product_rows(p) == 1 for p in products) else min_tokens(groups)
-
-
-_INVARIANT: dict[tuple, bool] = {}
-
-
-def row_invariant_kernels(
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-    *,
-    head_dim: int = 64,
-    widths: tuple[int, ...] = (576, 1536),
-    groups: int = 3,
-) -> bool:
-    """Whether this machine's matrix kernels give a row the same bits whatever else is computed.
-
-    The runtime's tree rows equal sequential decoding bit for bit when, at the model's
-    shapes, (1) oneDNN's product with a prepacked weight gives a row the same result for
-    any row count from 2 up (inner widths ``widths``); (2) a batched product's row is the
-    same for any row count the attention uses (``groups`` times the padded token count)
-    and any column count (inner width ``head_dim``); (3) the product of softmax weights
-    with the values over one block of :data:`VALUE_BLOCK` slots (``head_dim + 1`` columns)
-    accumulates over the slots in order, so that only the order of the nonzero terms
-    matters, not their slots nor zeros between them, for any of those row counts. (The
-    blocks' sums are added by the attention's own code, in an order fixed by position: see
-    :func:`~verispec.models.llama.attend`.) This checks the three on random data (tens of
-    milliseconds, once per process and shape) and says whether they hold; see
-    docs/runtime.rst. Defaults: SmolLM2-135M's shapes.
-    """
-    key = (dtype, str(device), head_dim, tuple(widths), groups)
-    if key not in _INVARIANT:
-        _INVARIANT[key] = _probe_invariance(dtype, torch.device(device), head_dim, widths, groups)
-    return _INVARIANT[key]
-
-
-def _probe_invariance(
-    dtype: torch.dtype, device: torch.device, head_dim: int, widths: tuple[int, ...], groups: int
-) -> bool:
-    generator = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int, uniform: bool = False) -> torch.Tensor:
-        draw = torch.rand if uniform else torch.randn
-        return draw(*shape, generator=generator).to(device, compute)
-
-    compute = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-    checks = []
-    with torch.no_grad():
-        if can_prepack(device, dtype):  # (1) prepacked projections, 2..40 rows
-            for inner in widths:
-                packed = PackedLinear(nn.Linear(inner, 96, bias=False).to(device, dtype))
-                x = rand(40, inner).to(dtype)
-                first = packed(x[:2])[:2]
-                checks += [torch.equal(packed(x[:m])[:2], first) for m in range(3, 41)]
-        rows = [groups * q for q in range(min_tokens(groups), 41)]
-        keys, queries = rand(2, 640, head_dim), rand(2, rows[-1], head_dim)
-        scores = torch.bmm(queries[:, : rows[0]], keys[:, :384].transpose(1, 2))  # (2)
-        for m in rows:
-            for n in (384, 640):
-                got = torch.bmm(queries[:, :m], keys[:, :n].transpose(1, 2))
-                checks.append(torch.equal(got[:, : rows[0], :384], scores))
-        block = VALUE_BLOCK  # (3): 100 terms, in order, in one block of the value product
-        values, weights = rand(2, block, head_dim + 1), rand(2, rows[-1], block, uniform=True)
-        weights[..., 100:] = 0
-        reference = torch.bmm(weights[:, : rows[0]], values)
-        spread = torch.randperm(block, generator=generator)[:100].sort().values.to(device)
-        moved_w, moved_v = torch.zeros_like(weights), rand(2, block, head_dim + 1)
-        moved_w[..., spread], moved_v[:, spread] = weights[..., :100], values[:, :100]
-        for m in rows:
-            checks.append(torch.equal(torch.bmm(weights[:, :m], values)[:, : rows[0]], reference))
-            checks.append(torch.equal(torch.bmm(moved_w[:, :m], moved_v)[:, : rows[0]], reference))
-    return all(checks)

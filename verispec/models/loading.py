@@ -31,7 +31,7 @@ from verispec.core.notices import notice
 from verispec.errors import ConfigError, ModelFileError
 from verispec.kernels.dtypes import auto_dtype
 from verispec.models import gguf
-from verispec.models.cpu_linear import holds_blocks, kernel_status
+from verispec.models.accelerators.blocks import holds_blocks, kernel_status
 from verispec.models.target import DType, Runtime, check_dtype, check_runtime, make_target
 
 __all__ = ["check_model", "load_model", "model_source"]

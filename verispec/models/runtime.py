@@ -7,27 +7,32 @@ layer, the pending tokens and tree nodes written into their slots in place, a co
 that moves only the accepted nodes' entries, attention over the used slots only. No
 cache is allocated or copied per step (the buffers grow by doubling, rarely).
 
-What makes it fast is wrapped around the plain forward, each part in its own module and
-switchable off; :class:`FastModel` chooses them once, when it is built:
+What makes it fast are the accelerators of :mod:`verispec.models.accelerators`, each in its
+own module, switchable off by an option, and installed on the plain model from outside:
+:class:`FastModel` makes one :class:`~verispec.models.accelerators.base.Plan` of its options
+and offers the model to each accelerator once, when it is built
+(:func:`~verispec.models.accelerators.registry.accelerate`):
 
-* **Compiled buckets** (optional, ``compile=True``): the forward compiled with
-  ``torch.compile`` once per bucket of tree sizes (:mod:`verispec.models.buckets`,
-  :mod:`verispec.models._compiled`); :meth:`FastModel.warm_up` compiles them all up front
-  and says how long it took.
 * **GGUF blocks** (CPU, float32, ``weights="auto"``): every matrix that is exactly Q4_1 or
   Q8_0 blocks (a model dequantized from a GGUF file, as the embedded SmolLM2) is read as
   those blocks by a C kernel whose rows are invariant from one row up
-  (:mod:`verispec.models.cpu_linear`): the same weights at a sixth of the bytes.
+  (:mod:`~verispec.models.accelerators.blocks`): the same weights at a sixth of the bytes;
+  with ``arithmetic="int8"``, multiplied in integers.
 * **Prepacked weights** (CPU, float32 and bfloat16): every other ``nn.Linear`` is replaced
-  by a :class:`~verispec.models.onednn.PackedLinear`, whose weight is reordered once into
-  oneDNN's blocked layout (:mod:`verispec.models.onednn`).
-* **The attention and the layers in C** (CPU, float32, eager, ``attention="auto"``): each
-  :class:`~verispec.models.llama.Attention`'s kernel is set here, once
-  (:class:`~verispec.models.llama.AttentionKernel`: C, torch operators, or the opaque
-  operator of compiled graphs), and where every product is a block one, all the layers
-  run as one C call (:mod:`verispec.models.cpu_attention`, :mod:`verispec.models.cpu_layer`).
+  by a :class:`~verispec.models.accelerators.onednn.PackedLinear`, whose weight is reordered
+  once into oneDNN's blocked layout.
+* **Compiled buckets** (optional, ``compile=True``): the forward compiled with
+  ``torch.compile`` once per bucket of tree sizes
+  (:mod:`~verispec.models.accelerators.compiled`); :meth:`FastModel.warm_up` compiles them
+  all up front and says how long it took.
 * **CUDA graphs** (on CUDA, by default): one captured forward per bucket, replayed
-  (:mod:`verispec.models._graphs`). The same code runs on a GPU, without prepacking.
+  (:mod:`~verispec.models.accelerators.graphs`), with Triton's static attention where it
+  runs. The same code runs on a GPU, without prepacking.
+* **The attention and the layers in C** (CPU, float32, eager, ``attention="auto"``): each
+  layer's tree-pass attention core is the C kernel
+  (:mod:`~verispec.models.accelerators.c_attention`), and where every product is a block
+  one, all the layers and a whole decoding step run as one C call
+  (:mod:`~verispec.models.accelerators.c_layers`).
 
 How many rows each pass and product runs on, so that a token's logits are the same in a
 1-node and a 60-node step, is :mod:`verispec.models.invariance`'s rule. ``dtype="auto"``
@@ -43,11 +48,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import torch
-from torch import nn
 
 from verispec.core.notices import waiting
 from verispec.core.tree import DraftTree
@@ -55,38 +59,25 @@ from verispec.core.validate import boolean, integer
 from verispec.errors import ConfigError
 from verispec.kernels.dtypes import FLOAT_DTYPES, auto_dtype, dtype_names
 from verispec.kernels.ops import compact_kv, graph_kernels_unavailable
-from verispec.models._compiled import CompiledForward
-from verispec.models._graphs import GraphedForward
-from verispec.models._linear_op import register_linear
 from verispec.models._sequence import TreeSequenceModel, layer_indices
-from verispec.models.buckets import BUCKETS, BucketedForward
-from verispec.models.cpu_attention import cpu_attention_available
-from verispec.models.cpu_layer import LayerKernel
-from verispec.models.cpu_linear import (
+from verispec.models.accelerators.base import Accelerator, Plan, find
+from verispec.models.accelerators.blocks import (
     ARITHMETICS,
-    BlockLinear,
-    Format,
+    BlockProducts,
     holds_blocks,
     kernel_status,
-    quantize_blocks,
     source_id,
 )
-from verispec.models.invariance import (
-    VALUE_BLOCK,
-    min_pass_tokens,
-    min_product_rows,
-    row_invariant_kernels,
-)
-from verispec.models.llama import (
-    AttentionKernel,
-    KVCache,
-    PassKind,
-    RMSNorm,
-    Transformer,
-    from_hf,
-)
-from verispec.models.onednn import PackedLinear, can_prepack, prepack_linears
+from verispec.models.accelerators.buckets import BUCKETS, BucketedForward
+from verispec.models.accelerators.c_attention import CAttention
+from verispec.models.accelerators.c_layers import CLayers
+from verispec.models.accelerators.onednn import Prepacked
+from verispec.models.accelerators.probe import row_invariant_kernels
+from verispec.models.accelerators.registry import accelerate
+from verispec.models.invariance import VALUE_BLOCK, min_pass_tokens, min_product_rows
+from verispec.models.llama import KVCache, PassKind, Transformer, from_hf
 
+_A = TypeVar("_A", bound=Accelerator)
 __all__ = ["PROMPT_PASS_TOKENS", "WEIGHTS", "FastModel", "prompt_pass_tokens"]
 
 _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
@@ -136,11 +127,11 @@ class FastModel(TreeSequenceModel):
         prepack: ``"auto"`` prepacks for oneDNN where it helps (CPU, float32 or native
             bfloat16); ``False`` runs the plain ``nn.Linear`` forward.
         compile: compile the forward (off by default). On the CPU, once per tree-size
-            bucket (:mod:`verispec.models._compiled`); on CUDA with graphs, once for all
-            buckets, then captured per bucket (:mod:`verispec.models._graphs`). Call
+            bucket (:mod:`verispec.models.accelerators.compiled`); on CUDA with graphs, once for all
+            buckets, then captured per bucket (:mod:`verispec.models.accelerators.graphs`). Call
             :meth:`warm_up` to compile before use.
         cuda_graphs: replay the forward from CUDA graphs, one per bucket
-            (:mod:`verispec.models._graphs`); ``"auto"``: on CUDA.
+            (:mod:`verispec.models.accelerators.graphs`); ``"auto"``: on CUDA.
         batch_invariant: on CUDA, every product (the projections, the LM head, both
             products of the attention) and every norm runs a Triton kernel with one fixed
             tiling and summation order, so a row's
@@ -156,7 +147,7 @@ class FastModel(TreeSequenceModel):
         weights: how the CPU products read float32 weights. ``"auto"`` (default): every
             matrix that is exactly a GGUF low-bit block format (a model dequantized from a
             GGUF file, as the embedded SmolLM2) is read as those blocks by verispec's CPU
-            kernel (:mod:`verispec.models.cpu_linear`): the same weights, bit for bit, at
+            kernel (:mod:`verispec.models.accelerators.blocks`): the same weights, bit for bit, at
             a sixth of the bytes; the others as ``"dense"``. ``"blocks"``: the same, but
             an error if the kernel cannot run or a matrix is not exactly blocks.
             ``"dense"``: float32 matrices (oneDNN when prepacked). ``"q4_1"``: round the
@@ -164,17 +155,18 @@ class FastModel(TreeSequenceModel):
             hold them, then read them as blocks: a *different model* (4-bit weights), for
             float32 models that do not come from such a file.
         attention: ``"auto"`` (default): on the CPU in float32, eager, the attention runs
-            as one C call a layer (:mod:`verispec.models.cpu_attention`; its rows depend on
-            their own keys only, so tree rows still equal sequential decoding bit for bit);
-            ``"torch"``: :func:`~verispec.models.llama.attend`'s torch operators (and
-            :func:`~verispec.models.llama.attend_static` in CUDA graphs, which attends to
+            as one C call a layer (:mod:`verispec.models.accelerators.c_attention`; its rows
+            depend on their own keys only, so tree rows still equal sequential decoding bit
+            for bit);
+            ``"torch"``: :func:`~verispec.models.attention.attend`'s torch operators (and
+            :func:`~verispec.models.attention.attend_static` in CUDA graphs, which attends to
             the whole cache, masked); ``"triton"``: in CUDA graphs, the Triton kernel that
             reads only the cache's used slots, in a fixed order
             (:func:`verispec.kernels.graph_ops.static_attention`; needs CUDA or Triton's
             interpreter). ``"auto"`` picks it with CUDA graphs where Triton is installed;
             ``batch_invariant=True`` implies it.
         arithmetic: how the CPU block products multiply
-            (:data:`~verispec.models.cpu_linear.ARITHMETICS`). ``"exact"`` (default):
+            (:data:`~verispec.models.accelerators.blocks.ARITHMETICS`). ``"exact"`` (default):
             float32 products of the widened weights, the model unchanged. ``"int8"``: each
             row's activations are rounded to 8-bit codes per 32 values (llama.cpp's Q8_1)
             and multiplied by the weights' codes in integer instructions
@@ -249,72 +241,23 @@ class FastModel(TreeSequenceModel):
                     f"{unavailable}"
                 )
         transformer = from_hf(hf_model, dtype=dtype, max_positions=context)  # type: ignore[arg-type]
-        weight_dtype = transformer.weight_dtype
         graphs = cuda_graphs is True or (cuda_graphs == "auto" and device.type == "cuda")
         if batch_invariant:
-            use_invariant_kernels(transformer)
             weights, prepack, attention = "dense", False, "triton"  # Triton replaces them
         elif attention == "auto" and graphs and unavailable is None:
             attention = "triton"  # reads the used slots only (docs/runtime.rst, CUDA graphs)
-        if attention == "triton":
-            from verispec.kernels.graph_ops import static_attention
-
-            core = functools.partial(static_attention, by_position=batch_invariant)
-            for block in transformer.blocks:
-                block.attention.static_attention = core
-        blocks = _use_blocks(transformer, weights, device, arithmetic) if weights != "dense" else 0
-        if prepack is True and not can_prepack(device, weight_dtype):
-            raise ConfigError(
-                f"`prepack=True` needs a CPU with oneDNN and float32 or native bfloat16 "
-                f"weights; got {weight_dtype} on {device}."
-            )
-        packed = bool(prepack) and can_prepack(device, weight_dtype)
-        if packed:
-            packed = prepack_linears(transformer) > 0
+        plan = Plan(
+            device, weights, arithmetic, attention, prepack, compile, graphs, batch_invariant
+        )
+        # What runs around the plain forward, chosen here once (models/accelerators/).
         shared = _SharedRuntime(
             transformer,
             hf_model if keep_source else None,
-            packed,
+            accelerate(transformer, plan),
             config=config,
             source_name=type(hf_model).__name__,
             eos_token_id=_eos_token_id(hf_model),
-            blocks=blocks,
-            arithmetic=arithmetic,
             batch_invariant=batch_invariant,
-            triton_attention=attention == "triton",
-        )
-        # What runs around the plain forward, chosen here once: compiled or graphed buckets,
-        # then each attention's kernel and the C layers.
-        if compile:
-            for module in transformer.modules():
-                if isinstance(module, PackedLinear | BlockLinear):
-                    module.key = register_linear(module)  # verispec::packed_linear
-        if graphs:
-            shared.wrapper = GraphedForward(transformer, compile=compile)
-        elif compile:
-            shared.wrapper = CompiledForward(transformer)
-        shared.uses_cpu_attention = (
-            attention == "auto"
-            and shared.wrapper is None
-            and device.type == "cpu"
-            and transformer.compute_dtype == torch.float32
-            and cpu_attention_available(transformer.args.head_dim)
-        )
-        kernel = (
-            AttentionKernel.C
-            if shared.uses_cpu_attention
-            else AttentionKernel.OPAQUE
-            if isinstance(shared.wrapper, CompiledForward)
-            else AttentionKernel.TORCH
-        )
-        for block in transformer.blocks:
-            block.attention.kernel = kernel
-        if shared.uses_cpu_attention:  # every layer in one C call, where the blocks allow it
-            transformer.cpu_layers = LayerKernel.for_blocks(transformer.blocks)
-        layers = transformer.cpu_layers
-        shared.uses_cpu_layers = layers is not None
-        shared.uses_c_decode = bool(
-            layers and shared.min_rows == 1 and layers.runs_head(transformer)
         )
         self._setup(shared, context, tuple(range(transformer.args.n_layers)))
 
@@ -367,14 +310,14 @@ class FastModel(TreeSequenceModel):
     def row_invariant(self) -> bool:
         """Whether this machine's kernels make every tree row equal sequential decoding, bit
         for bit, at this model's shapes and dtype
-        (:func:`~verispec.models.invariance.row_invariant_kernels`; see
+        (:func:`~verispec.models.accelerators.probe.row_invariant_kernels`; see
         docs/runtime.rst, "Tree rows and sequential decoding")."""
         if self._shared.batch_invariant:
             return True  # every product and norm is a fixed-order Triton kernel
         args = self.transformer.args
         q_width = args.n_heads * args.head_dim
         return row_invariant_kernels(
-            self.dtype if self._shared.packed else self.transformer.compute_dtype,
+            self.dtype if self._shared.find(Prepacked) else self.transformer.compute_dtype,
             self.device,
             head_dim=args.head_dim,
             widths=tuple(sorted({args.dim, q_width, args.hidden_dim})),
@@ -392,26 +335,16 @@ class FastModel(TreeSequenceModel):
         ``batch_invariant=True``."""
         wrapper = self._shared.wrapper
         name = "eager" if wrapper is None else wrapper.name
-        blocks = "+GGUF blocks" if self._shared.blocks else ""
-        if self._shared.arithmetic == "int8":
-            blocks += "+int8 products"
-        attention = (
-            "+C layers"
-            if self._shared.uses_cpu_layers
-            else "+C attention"
-            if self._shared.uses_cpu_attention
-            else "+Triton attention"
-            if self._shared.triton_attention
-            else ""
-        )
-        invariant = "+batch-invariant" if self._shared.batch_invariant else ""
-        return name + blocks + ("+oneDNN" if self._shared.packed else "") + attention + invariant
+        accelerators = self._shared.accelerators
+        replaced = {a.replaces for a in accelerators if a.replaces is not None}
+        return name + "".join(a.describe() for a in accelerators if type(a) not in replaced)
 
     @property
     def kernel_id(self) -> str:
-        """The C kernels' source hash (:func:`~verispec.models.cpu_linear.source_id`) where
+        """The C kernels' source hash (:func:`~verispec.models.accelerators.blocks.source_id`) where
         the forward runs them, else ``""``: latency tables are keyed by it."""
-        return source_id() if self._shared.blocks or self._shared.uses_cpu_attention else ""
+        in_c = self._shared.find(BlockProducts) or self._shared.find(CAttention)
+        return source_id() if in_c else ""
 
     @property
     def setup_s(self) -> float:
@@ -477,13 +410,14 @@ class FastModel(TreeSequenceModel):
 
     def _decode_step(self, tree: DraftTree) -> torch.Tensor | None:
         """With the C layers and a block-product head (eager CPU, float32), the whole step
-        in one C call (:meth:`~verispec.models.llama.Transformer.decode_step`): no mask,
-        index or position tensor is built, no torch operator runs around it."""
-        if not self._shared.uses_c_decode:
+        in one C call (:meth:`~verispec.models.accelerators.c_layers.CLayers.decode_step`):
+        no mask, index or position tensor is built, no torch operator runs around it."""
+        layers = self._shared.layers
+        if layers is None or not layers.decodes:
             return None
         start = self._cached  # as _feed_once places the rows: from slot `visible`, unpadded
         self._reserve(-(-(start + 1 + tree.num_nodes) // _SLOT_ALIGN) * _SLOT_ALIGN)
-        return self.transformer.decode_step(
+        return layers.decode_step(
             self._pending[0], start, self._caches, start, tree, self._layers_arg
         )
 
@@ -548,7 +482,7 @@ class FastModel(TreeSequenceModel):
         forward = (
             functools.partial(self.transformer, kind=PassKind.PROMPT, cache_only=rows == 0)
             if prompt
-            else self._shared.wrapper or self.transformer
+            else self._shared.forward
         )
         if self.device.type != "cpu":  # the host built them (on the CPU: no call at all)
             tokens, positions, local_mask = (
@@ -579,26 +513,6 @@ WEIGHTS = ("auto", "blocks", "dense", "q4_1")
 """How :class:`FastModel` reads float32 weights on the CPU (its ``weights`` argument)."""
 
 
-def use_invariant_kernels(transformer: Transformer) -> None:
-    """Swap every product and norm of ``transformer`` for the batch-invariant Triton kernels
-    of :mod:`verispec.kernels.triton.batch_invariant` (the same weights, shared, not copied):
-    ``batch_invariant=True``, with the static attention of
-    :mod:`verispec.kernels.graph_ops`. From outside, as the block products are swapped in:
-    the model file imports no kernel."""
-    from verispec.kernels.graph_ops import InvariantLinear, InvariantRMSNorm
-
-    def replace(module: nn.Module) -> None:
-        for name, child in module.named_children():
-            if type(child) is nn.Linear:
-                setattr(module, name, InvariantLinear.from_linear(child))
-            elif type(child) is RMSNorm:
-                setattr(module, name, InvariantRMSNorm.from_norm(child))
-            else:
-                replace(child)
-
-    replace(transformer)
-
-
 def _int8_dtype(device: torch.device, dtype: Any, weights: str, batch_invariant: bool) -> Any:
     """The dtype ``arithmetic="int8"`` runs in (float32), after checking that it can run:
     a CPU with the block kernel, float32 (or ``"auto"``), block products."""
@@ -616,56 +530,6 @@ def _int8_dtype(device: torch.device, dtype: Any, weights: str, batch_invariant:
     return torch.float32
 
 
-def _use_blocks(
-    transformer: Transformer, weights: str, device: torch.device, arithmetic: str = "exact"
-) -> int:
-    """Replace every ``nn.Linear`` whose float32 weight is exactly Q4_1 (projections) or
-    Q8_0 (the LM head: GGUF files store embeddings so) by a ``BlockLinear``; return
-    how many. ``weights="blocks"`` raises where that is not possible. With
-    ``arithmetic="int8"`` and ``weights="auto"``, a matrix that is not exactly blocks is
-    rounded to Q8_0 blocks (8-bit weights, llama.cpp's rounding) first."""
-    usable = device.type == "cpu" and transformer.weight_dtype == torch.float32
-    ok, why = kernel_status() if usable else (False, "the weights are not float32 on a CPU")
-    if not ok:
-        if weights != "auto" or arithmetic != "exact":
-            raise ConfigError(f"`weights={weights!r}` cannot run here: {why}.")
-        return 0
-    count, refused = 0, []
-
-    def replace(module: nn.Module, prefix: str) -> None:
-        nonlocal count
-        for name, child in module.named_children():
-            if isinstance(child, nn.Linear):
-                formats: tuple[Format, Format] = (
-                    ("q8_0", "q4_1") if child is transformer.output else ("q4_1", "q8_0")
-                )
-                if weights == "q4_1":
-                    with torch.no_grad():  # the head's weight is the embedding's, rounded too
-                        child.weight.copy_(quantize_blocks(child.weight, formats[0]))
-                block = BlockLinear.from_linear(child, formats, arithmetic)
-                whole = child.in_features % 32 == 0
-                if block is None and arithmetic == "int8" and weights == "auto" and whole:
-                    with torch.no_grad():  # a dense matrix: 8-bit weights (docs/runtime.rst)
-                        child.weight.copy_(quantize_blocks(child.weight.float(), "q8_0"))
-                    block = BlockLinear.from_linear(child, ("q8_0",), arithmetic)
-                if block is None:
-                    refused.append(prefix + name)
-                else:
-                    setattr(module, name, block)
-                    count += 1
-            else:
-                replace(child, f"{prefix}{name}.")
-
-    replace(transformer, "")
-    if refused and (weights != "auto" or arithmetic == "int8"):
-        raise ConfigError(
-            f"`weights={weights!r}`, `arithmetic={arithmetic!r}`: {len(refused)} matrices "
-            f"(e.g. {refused[0]}) are not exactly Q4_1 or Q8_0 blocks (a width not a multiple "
-            f"of 32?); use weights='auto' or 'dense' with arithmetic='exact'."
-        )
-    return count
-
-
 def _min_rows(runtime: _SharedRuntime) -> int:
     """Tokens a pass runs on at least (the rule: :mod:`verispec.models.invariance`)."""
     args = runtime.transformer.args
@@ -681,21 +545,31 @@ class _SharedRuntime:
 
     transformer: Transformer
     hf_model: Any  # None: dropped (keep_source=False)
-    packed: bool  # the products are prepacked for oneDNN
+    accelerators: tuple[Accelerator, ...]  # installed on ``transformer``, in order
     config: Any = None  # the source's config
     source_name: str = ""  # the source's class name
     eos_token_id: Any = None
-    blocks: int = 0  # products that read GGUF blocks (FastModel's ``weights``)
-    arithmetic: str = "exact"  # how the block products multiply (FastModel's ``arithmetic``)
-    uses_cpu_attention: bool = False  # the attention in one C call a layer (``attention``)
-    uses_cpu_layers: bool = False  # ... and, with every product in blocks, the whole layer
-    uses_c_decode: bool = False  # ... and with a block head, a decoding step in one C call
-    wrapper: BucketedForward | None = None  # compiled or graphed; None: eager
-    batch_invariant: bool = False  # the Triton kernels of kernels.triton.batch_invariant (CUDA)
-    triton_attention: bool = False  # static passes on kernels.graph_ops.static_attention
+    batch_invariant: bool = False  # every product and norm a fixed-order Triton kernel
+    wrapper: BucketedForward | None = attrs.field(
+        init=False, default=attrs.Factory(lambda s: s.find(BucketedForward), takes_self=True)
+    )  # compiled or graphed buckets; None: eager
+    layers: CLayers | None = attrs.field(
+        init=False, default=attrs.Factory(lambda s: s.find(CLayers), takes_self=True)
+    )  # tree passes and decoding steps in one C call
     min_rows: int = attrs.field(
         init=False, default=attrs.Factory(_min_rows, takes_self=True)
     )  # tokens a pass runs on at least
+
+    def find(self, kind: type[_A]) -> _A | None:
+        """The installed accelerator of class ``kind``, or ``None``."""
+        return find(self.accelerators, kind)
+
+    @property
+    def forward(self) -> Any:
+        """What runs a tree pass: the buckets' forward, the C layers', or the plain one."""
+        if self.wrapper is not None:
+            return self.wrapper
+        return self.transformer if self.layers is None else self.layers.forward
 
     def bucket(self, queries: int) -> int:
         """Rows one forward computes for ``queries`` tokens (padding included)."""
@@ -705,8 +579,8 @@ class _SharedRuntime:
 
     @property
     def largest_pass(self) -> int:
-        """The largest bucket's tokens (:data:`~verispec.models.buckets.BUCKETS` in eager
-        mode): the slots a tree pass may need past the committed ones."""
+        """The largest bucket's tokens (:data:`~verispec.models.accelerators.buckets.BUCKETS`
+        in eager mode): the slots a tree pass may need past the committed ones."""
         return (self.wrapper.buckets if self.wrapper is not None else BUCKETS)[-1]
 
     def first_capacity(self, max_length: int) -> int:

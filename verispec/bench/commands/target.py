@@ -19,7 +19,7 @@ from verispec.bench.commands.flags import add_threads_option
 from verispec.bench.runner import BenchContext
 from verispec.errors import ConfigError
 from verispec.kernels.backend import KERNEL_CHOICES
-from verispec.models.cpu_linear import ARITHMETICS
+from verispec.models.accelerators.blocks import ARITHMETICS
 from verispec.models.default import DTYPES, RUNTIMES
 from verispec.models.runtime import WEIGHTS
 

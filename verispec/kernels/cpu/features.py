@@ -1,6 +1,6 @@
 """What this CPU offers the runtime's kernels: its instruction-set flags and native bfloat16.
 
-:func:`cpu_flags` is what the C kernels are built for (:mod:`verispec.models.cpu_linear`
+:func:`cpu_flags` is what the C kernels are built for (:mod:`verispec.models.accelerators.blocks`
 needs AVX2 and FMA); :func:`cpu_features` the subset that decides the matrix kernels, as
 benchmark reports print it; :func:`bf16_supported` whether oneDNN multiplies bfloat16 at
 all (natively, or emulated in float32 instructions on any AVX-512 CPU), and

@@ -3,7 +3,7 @@ fixed order.
 
 The graphed forward attends from ``Q`` new tokens to a cache whose size never changes
 (a graph holds its addresses) and whose used length lives on the device (``where``, the
-first new slot). :func:`~verispec.models.llama.attend_static` therefore attends to the
+first new slot). :func:`~verispec.models.attention.attend_static` therefore attends to the
 whole cache, masked: at a 4,096-slot float32 cache of a 7B shape that is 4 GB read a step
 for a context of a few hundred tokens. This kernel reads ``where`` on the device and loops
 over the key tiles ``[0, where + Q)`` only, so a replayed graph reads what the step uses.

@@ -13,8 +13,8 @@ the weights are equal, bit for bit, and nothing is quantized.
 The product itself is a small C kernel (``kernels/cpu/linear.c``; AVX2 and FMA, OpenMP; AVX-512
 where the CPU has it), built at first use with the system's C compiler
 (``-march=native``) into ``$VERISPEC_CACHE/kernels`` (one library with the attention of
-:mod:`verispec.models.cpu_attention`) and called through ``ctypes``. Each output is summed
-in one fixed order (four partial sums, each a chain of fused multiply-adds over its
+:mod:`verispec.models.accelerators.c_attention`) and called through ``ctypes``. Each output
+is summed in one fixed order (four partial sums, each a chain of fused multiply-adds over its
 quarter of every block of 32, then one fixed combination), so a row's result does not
 depend on how many rows are computed with it, on whether the weights are widened in
 registers (up to six rows with AVX2, twelve with AVX-512, whose 16-lane registers hold two
@@ -32,16 +32,21 @@ path and says why in its ``runtime`` description.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
-from typing import Any, Literal, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verispec.errors import ConfigError
 from verispec.kernels.cpu import source as cpu_source
 from verispec.kernels.cpu.build import build, source_hash
-from verispec.models._linear_op import PACKED_LINEAR
+from verispec.models.accelerators.base import Accelerator, Plan
+from verispec.models.accelerators.linear_op import PACKED_LINEAR
+
+if TYPE_CHECKING:
+    from verispec.models.llama import Transformer
 
 __all__ = [
     "ARITHMETICS",
@@ -49,6 +54,7 @@ __all__ = [
     "INT8_KINDS",
     "INT8_PATHS",
     "BlockLinear",
+    "BlockProducts",
     "Format",
     "kernel_status",
     "library",
@@ -412,7 +418,11 @@ class BlockLinear(nn.Module):
             or the float32 matrix).
         bias: float32 or ``None``.
         weight_dtype: ``torch.float32``: the dtype inputs must have.
+        min_rows: 1: a row's result is the same from one row up
+            (:class:`~verispec.models.invariance.RowProduct`).
     """
+
+    min_rows: ClassVar[int] = 1
 
     def __init__(
         self, fmt: Format, blocks: torch.Tensor, in_features: int, out_features: int,
@@ -479,10 +489,11 @@ class BlockLinear(nn.Module):
         arithmetic peak on many rows where the block kernel's fixed summation order does
         not; its rows are not row-invariant. With ``arithmetic="int8"``, the integer
         product itself: a prompt runs on the same model as decoding."""
-        return self.widened_product()(x)
+        return self.prompt_product()(x)
 
-    def widened_product(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """:meth:`widened` for several row chunks of one pass, the weight widened once."""
+    def prompt_product(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """:meth:`widened` for several row chunks of one pass, the weight widened once (the
+        plain model's :class:`~verispec.models.llama.Product`)."""
         if self.arithmetic == "int8":
             return self.eager
         weight = self.dequantized()
@@ -511,3 +522,74 @@ class BlockLinear(nn.Module):
             f"{self.in_features}, {self.out_features}, format={self.fmt}, "
             f"arithmetic={self.arithmetic}"
         )
+
+
+class BlockProducts(Accelerator):
+    """The accelerator that replaces every ``nn.Linear`` whose float32 weight is exactly
+    Q4_1 (projections) or Q8_0 (the LM head: GGUF files store embeddings so) by a
+    :class:`BlockLinear`, multiplying as ``plan.arithmetic`` says.
+
+    ``weights="blocks"`` raises where that is not possible. With ``arithmetic="int8"`` and
+    ``weights="auto"``, a matrix that is not exactly blocks is rounded to Q8_0 blocks (8-bit
+    weights, llama.cpp's rounding) first; ``weights="q4_1"`` rounds every matrix first.
+
+    Attributes:
+        count: the products replaced.
+        arithmetic: how they multiply.
+    """
+
+    label = "+GGUF blocks"
+
+    def __init__(self, count: int, arithmetic: str) -> None:
+        self.count, self.arithmetic = count, arithmetic
+
+    def describe(self) -> str:
+        return self.label + ("+int8 products" if self.arithmetic == "int8" else "")
+
+    @classmethod
+    def attach(
+        cls, model: Transformer, plan: Plan, attached: Sequence[Accelerator]
+    ) -> BlockProducts | None:
+        weights, arithmetic = plan.weights, plan.arithmetic
+        if weights == "dense":
+            return None
+        usable = plan.device.type == "cpu" and model.weight_dtype == torch.float32
+        ok, why = kernel_status() if usable else (False, "the weights are not float32 on a CPU")
+        if not ok:
+            if weights != "auto" or arithmetic != "exact":
+                raise ConfigError(f"`weights={weights!r}` cannot run here: {why}.")
+            return None
+        count, refused = 0, []
+
+        def replace(module: nn.Module, prefix: str) -> None:
+            nonlocal count
+            for name, child in module.named_children():
+                if isinstance(child, nn.Linear):
+                    formats: tuple[Format, Format] = (
+                        ("q8_0", "q4_1") if child is model.output else ("q4_1", "q8_0")
+                    )
+                    if weights == "q4_1":
+                        with torch.no_grad():  # the head's weight is the embedding's: rounded
+                            child.weight.copy_(quantize_blocks(child.weight, formats[0]))
+                    block = BlockLinear.from_linear(child, formats, arithmetic)
+                    whole = child.in_features % 32 == 0
+                    if block is None and arithmetic == "int8" and weights == "auto" and whole:
+                        with torch.no_grad():  # a dense matrix: 8-bit weights (docs/runtime.rst)
+                            child.weight.copy_(quantize_blocks(child.weight.float(), "q8_0"))
+                        block = BlockLinear.from_linear(child, ("q8_0",), arithmetic)
+                    if block is None:
+                        refused.append(prefix + name)
+                    else:
+                        setattr(module, name, block)
+                        count += 1
+                else:
+                    replace(child, f"{prefix}{name}.")
+
+        replace(model, "")
+        if refused and (weights != "auto" or arithmetic == "int8"):
+            raise ConfigError(
+                f"`weights={weights!r}`, `arithmetic={arithmetic!r}`: {len(refused)} matrices "
+                f"(e.g. {refused[0]}) are not exactly Q4_1 or Q8_0 blocks (a width not a "
+                f"multiple of 32?); use weights='auto' or 'dense' with arithmetic='exact'."
+            )
+        return cls(count, arithmetic) if count else None

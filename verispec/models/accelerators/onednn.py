@@ -1,25 +1,34 @@
 """Weights prepacked for oneDNN: the runtime's dense products on the CPU.
 
-Every ``nn.Linear`` the block kernel (:mod:`verispec.models.cpu_linear`) does not cover
+Every ``nn.Linear`` the block kernel (:mod:`verispec.models.accelerators.blocks`) does not cover
 is replaced by :class:`PackedLinear` (:func:`prepack_linears`), whose weight is reordered
 once into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and
 multiplied by ``_linear_pointwise``. On the CPUs measured, oneDNN's product is 1.5-3x
 faster than the default MKL one for 2 or more rows, and its result for a row does not
 depend on how many rows are computed with it from two rows up (checked by
-:func:`~verispec.models.invariance.row_invariant_kernels`; a single row is padded to two,
+:func:`~verispec.models.accelerators.probe.row_invariant_kernels`; a single row is padded to two,
 :func:`~verispec.models.invariance.min_product_rows`). Float32, or bfloat16 where oneDNN
 multiplies it, natively or emulated (:func:`~verispec.kernels.cpu.features.bf16_supported`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
 import torch
 from torch import nn
 
+from verispec.errors import ConfigError
 from verispec.kernels.cpu.features import bf16_supported
-from verispec.models._linear_op import PACKED_LINEAR
+from verispec.models.accelerators.base import Accelerator, Plan
+from verispec.models.accelerators.linear_op import PACKED_LINEAR
+from verispec.models.invariance import DENSE_MIN_ROWS
 
-__all__ = ["PackedLinear", "can_prepack", "prepack_linears"]
+if TYPE_CHECKING:
+    from verispec.models.llama import Transformer
+
+__all__ = ["PackedLinear", "Prepacked", "can_prepack", "prepack_linears"]
 
 
 class PackedLinear(nn.Module):
@@ -29,7 +38,11 @@ class PackedLinear(nn.Module):
         packed: the weight in oneDNN's blocked layout (an opaque mkldnn tensor).
         bias: the original bias, or ``None``.
         weight_dtype: the dtype inputs must have.
+        min_rows: a single float32 row takes another path than two or more
+            (:data:`~verispec.models.invariance.DENSE_MIN_ROWS`).
     """
+
+    min_rows: ClassVar[int] = DENSE_MIN_ROWS
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -75,3 +88,25 @@ def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     return dtype == torch.float32 or (dtype == torch.bfloat16 and bf16_supported())
+
+
+class Prepacked(Accelerator):
+    """The accelerator that prepacks every remaining ``nn.Linear`` for oneDNN
+    (:func:`prepack_linears`): with ``prepack="auto"`` where :func:`can_prepack`, with
+    ``True`` or an error."""
+
+    label = "+oneDNN"
+
+    @classmethod
+    def attach(
+        cls, model: Transformer, plan: Plan, attached: Sequence[Accelerator]
+    ) -> Prepacked | None:
+        dtype = model.weight_dtype
+        if plan.prepack is True and not can_prepack(plan.device, dtype):
+            raise ConfigError(
+                f"`prepack=True` needs a CPU with oneDNN and float32 or native bfloat16 "
+                f"weights; got {dtype} on {plan.device}."
+            )
+        if not (plan.prepack and can_prepack(plan.device, dtype)):
+            return None
+        return cls() if prepack_linears(model) > 0 else None

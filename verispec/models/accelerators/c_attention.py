@@ -1,17 +1,17 @@
 """The runtime's attention on the CPU in one call per layer (``kernels/cpu/attention.c``).
 
-:func:`~verispec.models.llama.attend` writes the attention out in about fifty torch
+:func:`~verispec.models.attention.attend` writes the attention out in about fifty torch
 operators a layer; on a small CPU their dispatch costs more than their arithmetic (0.33
 ms a layer for one token after 300, of which the products are 0.09). :func:`attend_cpu`
 does the same in one call to the C kernel built with the block products
-(:mod:`verispec.models.cpu_linear`): cache write, scores, mask, softmax and value product.
+(:mod:`verispec.models.accelerators.blocks`): cache write, scores, mask, softmax and value product.
 
 Each query row has its own arithmetic, over the keys it sees in slot order (every
 committed slot, then the local slots its mask allows), its sums accumulated key by key in
 that order: a row's bits depend only on its own keys, so a tree node equals decoding its
 path one token at a time by construction, at any context length (no value blocks to
 re-sum, see docs/runtime.rst). Its results differ from
-:func:`~verispec.models.llama.attend`'s by rounding (another summation order, its own
+:func:`~verispec.models.attention.attend`'s by rounding (another summation order, its own
 vectorised ``exp``).
 
 What the rows of a pass share is memory: all rows of one KV group (its heads, for every
@@ -24,11 +24,20 @@ context: 4 rows 11.2 -> 6.5 ms on one thread, 6.9 -> 4.2 on two; one row 4.6 -> 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
-from verispec.models.cpu_linear import library
+from verispec.models.accelerators.base import Accelerator, Plan
+from verispec.models.accelerators.blocks import library
+from verispec.models.accelerators.buckets import BucketedForward
+from verispec.models.llama import PassKind
 
-__all__ = ["attend_cpu", "cpu_attention_available"]
+if TYPE_CHECKING:
+    from verispec.models.llama import Transformer
+
+__all__ = ["CAttention", "attend_cpu", "cpu_attention_available"]
 
 
 def cpu_attention_available(head_dim: int) -> bool:
@@ -45,10 +54,10 @@ def attend_cpu(
     where: torch.Tensor,
     local_mask: torch.Tensor,
 ) -> torch.Tensor:
-    """:func:`~verispec.models.llama.attend` (same arguments, float32 on the CPU), in C."""
+    """:func:`~verispec.models.attention.attend` (same arguments, float32 on the CPU), in C."""
     lib = library()
     if lib is None:
-        raise RuntimeError("the CPU kernels are unavailable (see cpu_linear.kernel_status)")
+        raise RuntimeError("the CPU kernels are unavailable (see blocks.kernel_status)")
     start = int(where[0])
     q_len, heads, head_dim = q.shape
     kv_heads, capacity = k.shape[1], cache_k.shape[1]
@@ -66,3 +75,28 @@ def attend_cpu(
             f"head_dim={head_dim}, start={start}, capacity={capacity}, mask {tuple(mask.shape)}"
         )
     return out
+
+
+class CAttention(Accelerator):
+    """The accelerator that sets every layer's tree-pass attention core to :func:`attend_cpu`:
+    on the CPU in float32, eager (no compiled or graphed forward), ``attention="auto"``,
+    where the kernels are built and the head dimension is a multiple of 8."""
+
+    label = "+C attention"
+
+    @classmethod
+    def attach(
+        cls, model: Transformer, plan: Plan, attached: Sequence[Accelerator]
+    ) -> CAttention | None:
+        eager = not any(isinstance(a, BucketedForward) for a in attached)
+        if not (
+            plan.attention == "auto"
+            and eager
+            and plan.device.type == "cpu"
+            and model.compute_dtype == torch.float32
+            and cpu_attention_available(model.args.head_dim)
+        ):
+            return None
+        for block in model.blocks:
+            block.attention.cores[PassKind.TREE] = attend_cpu
+        return cls()

@@ -6,13 +6,13 @@ addresses, so everything that changes from step to step lives in static buffers 
 are overwritten before each replay: the token ids, their positions, the first cache
 slot (a 0-d tensor on the device) and the ``(Q, Q)`` mask among the new tokens. These
 passes are ``PassKind.STATIC`` passes, whose attention core is
-:func:`~verispec.models.llama.attend_static`: it writes the cache with ``index_copy_`` at
+:func:`~verispec.models.attention.attend_static`: it writes the cache with ``index_copy_`` at
 device-side slots and attends to the whole cache with a mask built on the device, so no
 shape depends on the step and nothing is read on the host. The cache is allocated once at
 its full size (a graph holds its addresses).
 
 One graph is captured per bucket of new-token counts
-(:data:`~verispec.models.buckets.GRAPH_BUCKETS`)
+(:data:`~verispec.models.accelerators.buckets.GRAPH_BUCKETS`)
 and per layer choice (a self-draft is another graph), on first use or all at once by
 :meth:`GraphedForward.warm_up`. Passes that are not a bucket's shape (a draft model
 growing its tree with ``extend_from``) run eagerly.
@@ -32,11 +32,14 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
 
-from verispec.models.buckets import GRAPH_BUCKETS, BucketedForward
+from verispec.models.accelerators.base import Accelerator, Plan
+from verispec.models.accelerators.buckets import GRAPH_BUCKETS, BucketedForward
+from verispec.models.accelerators.linear_op import register_products
 from verispec.models.llama import KVCache, PassKind, Transformer
 
 __all__ = ["GraphedForward"]
@@ -81,6 +84,18 @@ class GraphedForward(BucketedForward):
             # One compile for every bucket (the row count is symbolic), fused by inductor,
             # then captured per bucket like the plain forward.
             self._forward = torch.compile(self._forward, dynamic=True, fullgraph=True)
+
+    @classmethod
+    def attach(
+        cls, model: Transformer, plan: Plan, attached: Sequence[Accelerator]
+    ) -> GraphedForward | None:
+        """With CUDA graphs (``cuda_graphs``); compiled first with ``compile=True`` (the
+        products registered as opaque operators)."""
+        if not plan.graphs:
+            return None
+        if plan.compile:
+            register_products(model)
+        return cls(model, compile=plan.compile)
 
     def run_bucket(
         self,

@@ -2,18 +2,19 @@
 
 :class:`CompiledForward` compiles :meth:`Transformer.forward
 <verispec.models.llama.Transformer.forward>` once per bucket of new-token counts
-(:data:`~verispec.models.buckets.BUCKETS`: a pass of Q tokens runs in the smallest
+(:data:`~verispec.models.accelerators.buckets.BUCKETS`: a pass of Q tokens runs in the smallest
 bucket that holds it, the extra rows masked), so each compiled graph has static shapes.
 Two parts stay outside the graphs, as opaque custom operators that call the eager code,
 each registered by the module that uses it:
 
-* ``verispec::packed_linear`` (:mod:`verispec.models._linear_op`) — the oneDNN product
-  with a prepacked weight (:class:`~verispec.models.onednn.PackedLinear`; inductor's own
-  prepacking would pick MKL for float32, which is slower here and whose rows depend on
-  the row count) or the block kernel's; the runtime registers each such module's key;
-* ``verispec::cached_attention`` (:mod:`verispec.models.llama`, the attention kernel
-  ``AttentionKernel.OPAQUE`` that the runtime sets when it compiles) —
-  :func:`~verispec.models.llama.attend`: the cache write and the attention over the used
+* ``verispec::packed_linear`` (:mod:`verispec.models.accelerators.linear_op`) — the oneDNN
+  product with a prepacked weight (:class:`~verispec.models.accelerators.onednn.PackedLinear`;
+  inductor's own prepacking would pick MKL for float32, which is slower here and whose rows
+  depend on the row count) or the block kernel's; :meth:`CompiledForward.attach` registers
+  each such module's key;
+* ``verispec::cached_attention`` (:data:`verispec.models.attention.CACHED_ATTENTION`, the
+  tree passes' attention core that :meth:`CompiledForward.attach` sets) —
+  :func:`~verispec.models.attention.attend`: the cache write and the attention over the used
   slots, whose count changes every step. Its positions travel in a tensor, so a new
   position does not recompile.
 
@@ -33,14 +34,18 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from verispec.core.paths import cache_dir
-from verispec.models.buckets import BucketedForward
-from verispec.models.llama import KVCache, Transformer
+from verispec.models.accelerators.base import Accelerator, Plan
+from verispec.models.accelerators.buckets import BucketedForward
+from verispec.models.accelerators.linear_op import register_products
+from verispec.models.attention import CACHED_ATTENTION
+from verispec.models.llama import KVCache, PassKind, Transformer
 
 __all__ = ["COMPILED_CAPACITY", "CompiledForward"]
 
@@ -72,6 +77,19 @@ class CompiledForward(BucketedForward):
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         self._forward = torch.compile(transformer.forward, dynamic=False, fullgraph=True)
         self._warm: set[tuple[int, Any, int]] = set()
+
+    @classmethod
+    def attach(
+        cls, model: Transformer, plan: Plan, attached: Sequence[Accelerator]
+    ) -> CompiledForward | None:
+        """With ``compile=True`` and no CUDA graphs: the products registered as opaque
+        operators, the tree passes' attention core :data:`CACHED_ATTENTION`."""
+        if not plan.compile or plan.graphs:
+            return None
+        register_products(model)
+        for block in model.blocks:
+            block.attention.cores[PassKind.TREE] = CACHED_ATTENTION
+        return cls(model)
 
     def run_bucket(
         self,

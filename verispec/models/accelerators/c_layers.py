@@ -1,7 +1,7 @@
 """A whole decoder layer of the runtime in one C call on the CPU (``kernels/cpu/layer.c``).
 
-With the products reading GGUF blocks (:mod:`verispec.models.cpu_linear`) and the
-attention in C (:mod:`verispec.models.cpu_attention`), what remained of a one-token step
+With the products reading GGUF blocks (:mod:`verispec.models.accelerators.blocks`) and the
+attention in C (:mod:`verispec.models.accelerators.c_attention`), what remained of a one-token step
 on a small CPU was dispatch: about fifteen torch operators a layer (two norms, rotary,
 slicing, SwiGLU, residuals) and the Python between them, some 40 % of the step.
 :class:`LayerKernel` runs the decoder layers (:class:`~verispec.models.llama.Block`: norm,
@@ -14,16 +14,20 @@ result depends on its own input and the keys it sees only: a tree node equals de
 path one token at a time, bit for bit, as with the torch forward. The numbers differ from
 the torch forward's by rounding (the norm's sum and SiLU's ``exp`` are computed in C).
 :class:`~verispec.models.runtime.FastModel` uses it when every product of every layer is
-a :class:`~verispec.models.cpu_linear.BlockLinear` and the C attention runs (eager,
+a :class:`~verispec.models.accelerators.blocks.BlockLinear` and the C attention runs (eager,
 float32, CPU); ``attention="torch"`` turns both off.
 
 :meth:`LayerKernel.forward` runs the whole tree pass around the layers in the same call:
 the embedding and rotary rows, the final norm, and for a decoding step (one pending token
 and a draft tree below it, whose mask and positions it builds from the parents) the LM head
 when it is a block product. In a step that follows the layers' 96 MB of weights through
-the CPU's caches, the few torch operators and Python lines that did this cost 0.4-0.5 ms
-(two threads, Zen 5 EPYC); the runtime's decoding steps now run no torch operator at all
-(:meth:`verispec.models.llama.Transformer.decode_step`).
+the CPU's caches, each torch operator and Python line around them costs tens of
+microseconds (docs/runtime.rst); the runtime's decoding steps run no torch operator at all
+(:meth:`CLayers.decode_step`).
+
+:class:`CLayers` is the accelerator: where every product is a block one and the C attention
+runs, it runs the runtime's tree passes and decoding steps instead of
+:meth:`Transformer.forward <verispec.models.llama.Transformer.forward>`.
 """
 
 from __future__ import annotations
@@ -34,14 +38,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from verispec.models.cpu_attention import cpu_attention_available
-from verispec.models.cpu_linear import BlockLinear, library, tensors_replaced
+from verispec.core.tree import DraftTree
+from verispec.models.accelerators.base import Accelerator, Plan, find
+from verispec.models.accelerators.blocks import BlockLinear, library, tensors_replaced
+from verispec.models.accelerators.c_attention import CAttention, cpu_attention_available
+from verispec.models.invariance import min_pass_tokens
 from verispec.models.llama import Block, KVCache, PassInputs
 
 if TYPE_CHECKING:
     from verispec.models.llama import Transformer
 
-__all__ = ["LayerKernel"]
+__all__ = ["CLayers", "LayerKernel"]
 
 
 def _int64s(values: torch.Tensor | Sequence[int]) -> tuple[Any, int]:
@@ -72,7 +79,7 @@ class LayerKernel:
     Build it with :meth:`for_blocks`; call it with the layers' input and their caches. It
     reads the blocks' weights in place (a weight edited in place is seen), and reads them
     again after any product's tensor was replaced
-    (:func:`~verispec.models.cpu_linear.tensors_replaced`).
+    (:func:`~verispec.models.accelerators.blocks.tensors_replaced`).
     """
 
     def __init__(self, blocks: Sequence[Block]) -> None:
@@ -223,7 +230,7 @@ class LayerKernel:
                 below its parent, seeing the root, its ancestors and itself.
             rows: 0 for the final-normed rows, Shape: (Q, E); else the logits of the last
                 ``rows`` rows, Shape: (rows, V) (the head must be a
-                :class:`~verispec.models.cpu_linear.BlockLinear`: :meth:`runs_head`).
+                :class:`~verispec.models.accelerators.blocks.BlockLinear`: :meth:`runs_head`).
 
         Returns:
             float32, as ``rows`` says. The same bits, row by row, however the rows are split
@@ -278,7 +285,7 @@ class LayerKernel:
         again where any was replaced."""
         lib = library()
         if lib is None:
-            raise RuntimeError("the CPU kernels are unavailable (see cpu_linear.kernel_status)")
+            raise RuntimeError("the CPU kernels are unavailable (see blocks.kernel_status)")
         if len(caches) != len(self._blocks):
             raise ValueError(f"{len(self._blocks)} layers need as many caches; got {len(caches)}")
         if tensors_replaced() != self._replacements:
@@ -310,3 +317,80 @@ class LayerKernel:
         held = output.blocks if head is not None else None
         self._ends = (model, embedding, *tables, head, held)
         return self._ends
+
+
+class CLayers(Accelerator):
+    """The accelerator that runs a tree pass (the embedding and rotary rows, every layer, the
+    final norm) in one C call (:meth:`LayerKernel.forward`), and, where every product is a
+    block one and the LM head too, a whole decoding step (:meth:`decode_step`).
+
+    It attaches where the C attention runs (:class:`~.c_attention.CAttention`) and every
+    product of every layer is a :class:`~.blocks.BlockLinear`
+    (:meth:`LayerKernel.for_blocks`).
+
+    Attributes:
+        model: the model whose layers it runs.
+        kernel: its :class:`LayerKernel`.
+        decodes: whether :meth:`decode_step` runs (one-row passes and a block-product head).
+    """
+
+    label = "+C layers"
+    replaces = CAttention
+
+    def __init__(self, model: Transformer, kernel: LayerKernel) -> None:
+        self.model, self.kernel = model, kernel
+        groups = model.args.n_heads // model.args.n_kv_heads
+        self.decodes = min_pass_tokens(model, groups) == 1 and kernel.runs_head(model)
+        self.forward = self.tree_pass
+
+    @classmethod
+    def attach(
+        cls, model: Transformer, plan: Plan, attached: Sequence[Accelerator]
+    ) -> CLayers | None:
+        if find(attached, CAttention) is None:
+            return None
+        kernel = LayerKernel.for_blocks(model.blocks)
+        return None if kernel is None else cls(model, kernel)
+
+    def _kernel(self, layers: tuple[int, ...] | None) -> LayerKernel:
+        return self.kernel if layers is None else self.kernel.subset(layers)
+
+    def tree_pass(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[KVCache],
+        where: torch.Tensor,
+        local_mask: torch.Tensor,
+        layers: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        """:meth:`Transformer.forward <verispec.models.llama.Transformer.forward>`'s tree
+        pass (same arguments, same rows to rounding: the norms' sums of squares are computed
+        in C), in one C call. A step runs right after the layers have streamed their weights
+        through the CPU's caches, where each Python or torch call costs tens of
+        microseconds."""
+        start = int(where[0])
+        return self._kernel(layers).forward(
+            self.model, tokens, positions, caches, start, local_mask
+        )
+
+    def decode_step(
+        self,
+        token: int,
+        position: int,
+        caches: list[KVCache],
+        start: int,
+        tree: DraftTree | None = None,
+        layers: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        """A decoding step's logits, Shape: (N + 1, V): ``token`` at ``position`` (row 0)
+        and the N nodes of ``tree`` below it (none: a plain step), their keys and values
+        written from slot ``start`` of every cache on, the embedding, the layers, the final
+        norm and the LM head in one C call (a block-product head: :attr:`decodes`). Bit for
+        bit the rows of a :meth:`tree_pass` and the model's ``logits`` on them."""
+        nodes = tree.tokens.tolist() if tree is not None else []
+        parents = tree.parents.tolist() if tree is not None else []
+        return self._kernel(layers).forward(
+            self.model, [token, *nodes], (position,), caches, start, parents=parents,
+            rows=1 + len(nodes),
+        )  # fmt: skip

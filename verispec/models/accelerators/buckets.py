@@ -3,8 +3,8 @@
 A forward with static shapes (a ``torch.compile`` graph, a captured CUDA graph) is built
 once per bucket of new-token counts (:data:`BUCKETS`); a pass runs in the smallest bucket
 that holds it (:func:`bucket_for`), its extra rows padded and masked. :class:`BucketedForward`
-is what both such forwards share (:mod:`verispec.models._compiled`,
-:mod:`verispec.models._graphs`): the plain :class:`~verispec.models.llama.Transformer`
+is what both such forwards share (:mod:`verispec.models.accelerators.compiled`,
+:mod:`verispec.models.accelerators.graphs`): the plain :class:`~verispec.models.llama.Transformer`
 serves every pass that is not a bucket's shape.
 """
 
@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import torch
 
+from verispec.models.accelerators.base import Accelerator
 from verispec.models.llama import KVCache, Transformer
 
 __all__ = ["BUCKETS", "GRAPH_BUCKETS", "BucketedForward", "bucket_for"]
@@ -37,7 +38,7 @@ def bucket_for(queries: int, buckets: tuple[int, ...] = BUCKETS) -> int:
     return next((size for size in buckets if queries <= size), queries)
 
 
-class BucketedForward(abc.ABC):
+class BucketedForward(Accelerator):
     """A forward built once per bucket (compiled, or captured as CUDA graphs) around the plain
     :class:`~verispec.models.llama.Transformer`, which serves every other pass.
 
@@ -64,6 +65,7 @@ class BucketedForward(abc.ABC):
     def __init__(self, transformer: Transformer) -> None:
         self.transformer = transformer
         self.setup_s = 0.0
+        self.forward = self
 
     def __call__(
         self,
