@@ -19,6 +19,7 @@ import torch
 
 from verispec.bench.commands.flags import add_threads_option
 from verispec.models.accelerators.c_attention import attend_cpu
+from verispec.models.attention import on_buffers
 
 
 def main() -> None:
@@ -52,7 +53,7 @@ def main() -> None:
             flush.sum()
             start = time.perf_counter()
             for cache_k, cache_v in caches:
-                attend_cpu(q, k, v, cache_k, cache_v, where, mask)
+                on_buffers(attend_cpu, q, k, v, cache_k, cache_v, where, mask)
             times.append(time.perf_counter() - start)
         times.sort()
         cells.append(

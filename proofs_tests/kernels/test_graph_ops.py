@@ -11,7 +11,8 @@ import torch
 
 from verispec.core import DraftTree
 from verispec.kernels.graph_ops import ATTENTION_TILES, static_attention
-from verispec.models.attention import attend_static
+from verispec.models.accelerators.invariant import triton_static_attention
+from verispec.models.attention import attend_static, on_buffers
 from verispec.models.llama import PassKind
 
 HEADS, KV_HEADS, HEAD_DIM, CAPACITY = 6, 2, 16, 320
@@ -49,7 +50,7 @@ def test_static_attention_equals_attend_static(
     mask = mask.to(device)
     where = torch.tensor(start, device=device)
     ref_k, ref_v = cache_k.clone(), cache_v.clone()
-    expected = attend_static(q, k, v, ref_k, ref_v, where, mask)
+    expected = on_buffers(attend_static, q, k, v, ref_k, ref_v, where, mask)
     got = static_attention(q, k, v, cache_k, cache_v, where, mask)
     assert torch.equal(cache_k, ref_k) and torch.equal(cache_v, ref_v)
     assert got.shape == expected.shape == (q_len, HEADS * HEAD_DIM)
@@ -186,7 +187,7 @@ def test_the_runtime_runs_it_in_its_static_passes(device: torch.device) -> None:
         model._shared.wrapper = GraphedForward(model.transformer, capture=False)
         models.append(model)
     assert all(
-        block.attention.cores[PassKind.STATIC].func is static_attention  # type: ignore[attr-defined]
+        block.attention.cores[PassKind.STATIC].func is triton_static_attention  # type: ignore[attr-defined]
         for block in models[1].transformer.blocks
     )
     tree = DraftTree.from_parents([7, 8, 9, 10, 11], [-1, 0, 1, -1, 3])

@@ -30,7 +30,7 @@ from verispec.models.accelerators.blocks import (
     recover_blocks,
 )
 from verispec.models.accelerators.c_layers import LayerKernel
-from verispec.models.attention import attend
+from verispec.models.attention import attend, on_buffers
 from verispec.models.llama import PassInputs, PassKind
 from verispec.models.runtime import PROMPT_PASS_TOKENS, prompt_pass_tokens
 
@@ -400,8 +400,8 @@ def test_c_attention_equals_torch_attention(queries: int) -> None:
     mask = (torch.rand(queries, queries, generator=g) < 0.5).tril() | torch.eye(queries).bool()
     where = torch.tensor([300, 384])
     ours_k, ours_v = cache_k.clone(), cache_v.clone()
-    expected = attend(q, k, v, cache_k, cache_v, where, mask)
-    got = attend_cpu(q, k, v, ours_k, ours_v, where, mask)
+    expected = on_buffers(attend, q, k, v, cache_k, cache_v, where, mask)
+    got = on_buffers(attend_cpu, q, k, v, ours_k, ours_v, where, mask)
     assert torch.equal(ours_k, cache_k) and torch.equal(ours_v, cache_v)
     assert (got - expected).abs().max().item() < 1e-5
 
@@ -419,17 +419,29 @@ def test_c_attention_row_depends_only_on_its_keys() -> None:
     k, v = torch.randn(16, 3, 64, generator=g), torch.randn(16, 3, 64, generator=g)
     chain = torch.ones(16, 16, dtype=torch.bool).tril()
     chain[15, 3:15] = False  # row 15 sees slots 300..302 and itself only
-    full = attend_cpu(q, k, v, cache_k.clone(), cache_v.clone(), torch.tensor([300, 384]), chain)
+    full = on_buffers(
+        attend_cpu, q, k, v, cache_k.clone(), cache_v.clone(), torch.tensor([300, 384]), chain
+    )
     # sequential: the keys of rows 0..2, then row 15's token alone at slot 303
     seq_k, seq_v = cache_k.clone(), cache_v.clone()
-    attend_cpu(q[:3], k[:3], v[:3], seq_k, seq_v, torch.tensor([300, 384]), chain[:3, :3])
-    alone = attend_cpu(
-        q[15:], k[15:], v[15:], seq_k, seq_v, torch.tensor([303, 384]), torch.ones(1, 1).bool()
+    on_buffers(
+        attend_cpu, q[:3], k[:3], v[:3], seq_k, seq_v, torch.tensor([300, 384]), chain[:3, :3]
+    )
+    alone = on_buffers(
+        attend_cpu,
+        q[15:],
+        k[15:],
+        v[15:],
+        seq_k,
+        seq_v,
+        torch.tensor([303, 384]),
+        torch.ones(1, 1).bool(),
     )
     assert torch.equal(full[15:], alone)
     assert torch.equal(
         full[:3],
-        attend_cpu(
+        on_buffers(
+            attend_cpu,
             q[:3],
             k[:3],
             v[:3],
@@ -459,13 +471,22 @@ def test_c_attention_row_ignores_the_rows_after_it_and_the_threads(start: int) -
     threads_before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        alone = attend_cpu(q[:1], k[:1], v[:1], cache_k.clone(), cache_v.clone(), where, one)
+        alone = on_buffers(
+            attend_cpu, q[:1], k[:1], v[:1], cache_k.clone(), cache_v.clone(), where, one
+        )
         for rows in (2, 5, 8, 13, 21):
             mask = (torch.rand(rows, rows, generator=g) < 0.5).tril() | torch.eye(rows).bool()
             for threads in (1, 2, 3):
                 torch.set_num_threads(threads)
-                out = attend_cpu(
-                    q[:rows], k[:rows], v[:rows], cache_k.clone(), cache_v.clone(), where, mask
+                out = on_buffers(
+                    attend_cpu,
+                    q[:rows],
+                    k[:rows],
+                    v[:rows],
+                    cache_k.clone(),
+                    cache_v.clone(),
+                    where,
+                    mask,
                 )
                 assert torch.equal(out[:1], alone), (rows, threads)
     finally:

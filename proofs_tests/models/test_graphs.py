@@ -74,11 +74,8 @@ def test_a_tree_of_128_nodes_runs_a_graph() -> None:
     wrapper = graphed._shared.wrapper
     assert wrapper is not None
     run_bucket = wrapper.run_bucket
-    wrapper.run_bucket = lambda tokens, *rest: (
-        calls.append(len(tokens))
-        or run_bucket(  # type: ignore[method-assign]
-            tokens, *rest
-        )
+    wrapper.run_bucket = lambda p: (  # type: ignore[method-assign]
+        calls.append(len(p.tokens)) or run_bucket(p)
     )
     tree = DraftTree.from_parents(
         torch.arange(128) % V, [i - 1 if i % 8 else -1 for i in range(128)]

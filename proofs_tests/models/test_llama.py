@@ -7,7 +7,7 @@ import torch
 
 from verispec.errors import UnsupportedModelError
 from verispec.models import tiny_model
-from verispec.models.llama import ModelArgs, Transformer, from_hf
+from verispec.models.llama import ModelArgs, Pass, Transformer, from_hf
 
 V = 64
 
@@ -20,7 +20,9 @@ def _causal(model: Transformer, ids: list[int]) -> torch.Tensor:
     caches = model.setup_caches(128)
     causal = torch.ones(n, n, dtype=torch.bool).tril_()
     with torch.no_grad():
-        hidden = model(torch.tensor(ids), torch.arange(n), caches, torch.tensor([0, 128]), causal)
+        hidden = model(
+            Pass(torch.tensor(ids), torch.arange(n), caches, torch.tensor([0, 128]), causal)
+        )
         return model.logits(hidden)
 
 

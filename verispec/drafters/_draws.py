@@ -3,8 +3,8 @@
 Every draft-model drafter draws its tokens here, from the processed draft distribution
 it declares in its proposal law. The laws of the draws are the textbook ones; what is
 not textbook is how little of the vocabulary each draw touches. On a CPU at
-V = 49,152, one uniform per token costs about 0.2 ms a row and ``torch.topk`` about
-0.1 ms, while a reduction (``sum``, ``amax``) costs about 5 us. So each row is viewed
+V = 49,152, one uniform per token or a ``torch.topk`` costs tens of times what a
+reduction (``sum``, ``amax``) does. So each row is viewed
 as ``V / B`` blocks of ``B`` tokens; one reduction gives the block masses (or maxima),
 and only the few blocks that a draw can reach are opened:
 

@@ -316,9 +316,8 @@ def _measure_row(
     """Median seconds of one step per tree size after ``context`` random tokens.
 
     Each repetition is one pass over every size, so a stretch of machine load falls on all
-    sizes alike instead of on the few measured while it lasted (one size at a time, the
-    two-thread table of the Zen 5 EPYC priced the first node at 2.0 ms and the second at
-    0.4, where passes over all sizes measure about 0.9 and 2.5). A larger tree never costs
+    sizes alike instead of on the few measured while it lasted (measured one size at a
+    time, a table once priced the first node above the second). A larger tree never costs
     less than a smaller one: the medians are raised to the largest before them."""
     generator = torch.Generator().manual_seed(0)
     model.prefill(torch.randint(model.vocab_size, (context,), generator=generator))

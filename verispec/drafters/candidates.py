@@ -16,11 +16,11 @@ This module holds the pieces they share:
 
 A drafter sized for a CPU sends a few nodes a step and reads a few dozen candidates, where
 a torch operator costs more in dispatch than in work: run between two forward passes, with
-the caches cold, each of the ~100 small operators of a tensor pipeline cost 5-20 µs, and
-``dtr`` spent 1.7 ms a drafted step on two threads of the Zen 5 EPYC, a quarter of the
-step. So the per-step operations run on :class:`Trie`'s lists, and the tensor forms
-(:class:`Candidates`, :func:`fuse`, :func:`subtree`, :func:`tried_and_hit`,
-:meth:`Calibration.update`) convert once and call them: one implementation of each.
+the caches cold, the ~100 small operators of a tensor pipeline made ``dtr``'s drafting a
+quarter of a two-thread step (docs/benchmarks.rst). So the per-step operations run on
+:class:`Trie`'s lists, and the tensor forms (:class:`Candidates`, :func:`fuse`,
+:func:`subtree`, :func:`tried_and_hit`, :meth:`Calibration.update`) convert once and call
+them: one implementation of each.
 
 Shape glossary: M candidate nodes, C sources, N tree nodes.
 """

@@ -40,8 +40,8 @@ union every node is valued again by *agreement*
 (:func:`~verispec.drafters.candidates.revalue`): a node only one source proposed takes
 a rate calibrated on such nodes of that source, a node several sources agree on the
 largest of their rates calibrated on shared nodes. Pooling the two kinds overvalues the
-lone nodes: on logged SmolLM2 steps, recycled nodes no other source proposed were
-accepted 10-12% of the time where their pooled calibration predicted 14-17%.
+lone nodes (measured on logged SmolLM2 steps: docs/benchmarks.rst, "Measurements once
+quoted in docstrings").
 
 **Budget.** A fixed ``budget=N``, or ``budget="auto"``: the prefix of the value order
 that maximises ``(1 + sum of values) / T(n)`` with ``T`` the target's measured latency
@@ -104,7 +104,7 @@ _TR_EDGES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 _PLD_EDGES = (0.3, 0.45, 0.7, 0.99)
 _CODE_STEP = 16.0  # score codes: log(score) in steps of 1/16, code 255 = score 1
 # the values of an empty tree: shared, since a plain step must not build a tensor (after a
-# forward has swept the caches, one torch.empty cost about 30 us of a 5 ms step)
+# forward has swept the caches, even one torch.empty is a measurable part of a step)
 _NO_VALUES = torch.empty(0, dtype=torch.float64)
 
 
@@ -287,7 +287,7 @@ class DynamicTokenRecycling(DeviceSized):
 
         Python lists over NumPy views of the matrix: a level holds at most ``width * K``
         candidates (about 100 for the small trees a CPU chooses), where torch ops cost
-        more in dispatch than in work (1 ms a step against 0.2 on the AVX2 EPYC)."""
+        more in dispatch than in work."""
         ids, codes = self._ids, self._codes
         if ids is None or codes is None or root >= ids.shape[0] or width == 0:
             return Trie.empty(_COLUMNS)

@@ -149,10 +149,10 @@ class DraftGate:
 
     def learning(self) -> bool:
         """Whether the drafter should learn from this step: the drafted steps only.
-        Learning from a step's logits costs 0.7 ms (Token Recycling) to 1.4 ms (``dtr``) on
-        the AVX2 CPU, 7 to 14 % of a two-thread plain step; while backing off, that is paid
-        for nothing the next probe needs (its root's row was written when that token was
-        last scored; a prompt-lookup index catches up when it is next read)."""
+        Learning from a step's logits costs a noticeable part of a plain CPU step
+        (docs/benchmarks.rst); while backing off, that is paid for nothing the next probe needs
+        (its root's row was written when that token was last scored; a prompt-lookup index
+        catches up when it is next read)."""
         return self._drafted
 
     def clock_in(self) -> None:

@@ -104,9 +104,9 @@ def row_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``k`` values and indices of every row, as ``torch.topk`` but faster on CPU.
 
     On the CPU (float32, V a multiple of 64 and at least ``256 k``) the C kernel of
-    :mod:`verispec.kernels.cpu.topk` takes it in one pass over each row: about 0.03 ms for
-    a row at V = 49,152 against 0.1 ms for the block search with torch ops below, and 2.8 ms
-    for ``torch.topk`` over (81, 49152) on a 2-core CPU. Without the kernel, each row is cut
+    :mod:`verispec.kernels.cpu.topk` takes it in one pass over each row, a few times faster
+    than the block search with torch ops below, itself far faster than ``torch.topk``
+    (docs/benchmarks.rst). Without the kernel, each row is cut
     into blocks of 64, the ``k`` blocks with the largest maxima are kept (every top-``k``
     element lies in one of them: a block holding the ``i``-th largest element has a maximum
     that at most ``i - 1`` other blocks exceed), and the top-``k`` is taken over those

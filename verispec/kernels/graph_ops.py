@@ -13,9 +13,10 @@ for tracing, so each kernel is registered once here with ``torch.library.custom_
   count (``FastModel(batch_invariant=True)`` swaps them in with :class:`InvariantLinear`
   and :class:`InvariantRMSNorm`).
 
-:func:`static_attention` has :func:`~verispec.models.attention.attend_static`'s arguments and
-result, so the runtime swaps it into a model's attention modules from outside
-(``Attention.static_attention``); the model file imports no kernel.
+:func:`static_attention` computes :func:`~verispec.models.attention.attend_static`'s result
+from the cache's buffers and the pass's tensors; the runtime's accelerator
+(:class:`~verispec.models.accelerators.invariant.TritonAttention`) sets it as each layer's
+static-pass core from outside: the model file imports no kernel.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
-"""The reference attention of the plain model: torch operators, one function per kind of pass.
+"""The reference attention of the plain model: torch operators, one core per kind of pass.
 
 :class:`~verispec.models.llama.Attention` calls one of these cores, by the pass's
-:class:`~verispec.models.llama.PassKind`; all take the same arguments (the rotated
-queries and keys, the values, one layer's cache buffers, ``where`` and ``local_mask`` of
-:class:`~verispec.models.llama.PassInputs`) and return Shape: (Q, H * D):
+:class:`~verispec.models.passes.PassKind`; all take the same arguments, ``(q, k, v, cache,
+inputs)`` (the rotated queries and keys, the values, the layer's
+:class:`~verispec.models.passes.KVCache` and the pass's
+:class:`~verispec.models.passes.PassInputs`), and return Shape: (Q, H * D):
 
 * :func:`attend` (tree passes): the cache written, then the attention over the used slots,
   with a softmax whose row results do not depend on the other rows of the pass;
 * :func:`attend_prompt` (a prompt's causal prefill): one fused
   ``scaled_dot_product_attention``;
 * :func:`attend_static` (CUDA graphs): static shapes, no host read;
-* :data:`CACHED_ATTENTION`: :func:`attend` as one opaque operator, for compiled graphs.
+* :func:`cached_attention`: :func:`attend` as one opaque operator, for compiled graphs.
 
 Faster cores (the C attention, the Triton static attention) are accelerators
 (:mod:`verispec.models.accelerators`), which the runtime hands each
@@ -22,43 +23,48 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import Tensor
 from torch.nn import functional as F
 
 from verispec.models.invariance import VALUE_BLOCK, min_tokens
+from verispec.models.passes import KVCache, PassInputs
 
 __all__ = [
-    "CACHED_ATTENTION",
     "AttentionCore",
     "attend",
     "attend_prompt",
     "attend_static",
+    "cached_attention",
+    "on_buffers",
     "write_prompt_cache",
 ]
 
-AttentionCore = Callable[..., torch.Tensor]
-"""An attention core: ``(q, k, v, cache_k, cache_v, where, local_mask) -> out``, arguments
-as :func:`attend`'s."""
+AttentionCore = Callable[[Tensor, Tensor, Tensor, KVCache, PassInputs], Tensor]
+"""An attention core: ``(q, k, v, cache, inputs) -> out``, arguments as :func:`attend`'s."""
 
 
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
-    where: torch.Tensor,
-    local_mask: torch.Tensor,
-) -> torch.Tensor:
+def on_buffers(
+    core: AttentionCore, q: Tensor, k: Tensor, v: Tensor, cache_k: Tensor, cache_v: Tensor,
+    where: Tensor, local_mask: Tensor,
+) -> Tensor:  # fmt: skip
+    """``core`` run on a cache's bare buffers (written in place) and a pass's ``where`` and
+    ``local_mask``: how tests and benchmarks call a core without a model."""
+    empty = q.new_empty(0)  # the rotary rows: a core reads none
+    return core(
+        q, k, v, KVCache.over(cache_k, cache_v), PassInputs(empty, empty, where, local_mask)
+    )
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, inputs: PassInputs) -> Tensor:
     """Write the new keys and values into the cache, then attend over the used slots.
 
     Args:
         q: Shape: (Q, H, D), rotated. k: Shape: (Q, Hkv, D), rotated. v: Shape: (Q, Hkv, D).
-        cache_k, cache_v: a :class:`KVCache`'s buffers, written in place.
-        where: int64 ``[start, length]``: the new entries go to slots ``[start, start + Q)``
-            and the queries attend to slots ``[0, length)``.
-        local_mask: bool, Shape: (Q, W), True = attend: which of the W slots before
-            ``start + Q`` each query sees; every slot before those is seen by all, every
-            slot from ``start + Q`` on by none.
+        cache: the layer's :class:`~verispec.models.passes.KVCache`, written in place.
+        inputs: the pass's record: the new entries go to slots ``[start, start + Q)`` and the
+            queries attend to slots ``[0, length)`` (``inputs.where``); each query sees the
+            local slots ``inputs.local_mask`` allows, every slot before those, and no slot
+            from ``start + Q`` on.
 
     Returns:
         Shape: (Q, H * D).
@@ -74,6 +80,14 @@ def attend(
     :func:`verispec.models.accelerators.probe.row_invariant_kernels`), a tree node's logits
     equal, bit for bit, those of decoding its path one token at a time (see docs/runtime.rst).
     """
+    return _attend(q, k, v, cache.k, cache.v, inputs.where, inputs.local_mask)
+
+
+def _attend(
+    q: Tensor, k: Tensor, v: Tensor, cache_k: Tensor, cache_v: Tensor, where: Tensor,
+    local_mask: Tensor,
+) -> Tensor:  # fmt: skip
+    """:func:`attend` on the cache's buffers and the record's tensors."""
     start, length = (int(i) for i in where.tolist())
     q_len, heads, head_dim = q.shape
     kv_heads = k.shape[1]
@@ -103,31 +117,30 @@ def attend(
 
 @torch.library.custom_op("verispec::cached_attention", mutates_args=("cache_k", "cache_v"))
 def _cached_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
-    where: torch.Tensor,
-    local_mask: torch.Tensor,
-) -> torch.Tensor:
-    return attend(q, k, v, cache_k, cache_v, where, local_mask)
+    q: Tensor, k: Tensor, v: Tensor, cache_k: Tensor, cache_v: Tensor, where: Tensor,
+    local_mask: Tensor,
+) -> Tensor:  # fmt: skip
+    return _attend(q, k, v, cache_k, cache_v, where, local_mask)
 
 
 @_cached_attention.register_fake
-def _(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+def _(q: Tensor, *rest: Tensor) -> Tensor:
     return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))  # (Q, H * D)
 
 
-CACHED_ATTENTION = torch.ops.verispec.cached_attention
-""":func:`attend` as an opaque operator, same arguments: the tree passes' core of a compiled
-forward (:class:`~verispec.models.accelerators.compiled.CompiledForward`), which keeps it
-out of its graphs (its slot count changes every step)."""
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, inputs: PassInputs) -> Tensor:
+    """:func:`attend` as one opaque operator (``verispec::cached_attention``): the tree
+    passes' core of a compiled forward
+    (:class:`~verispec.models.accelerators.compiled.CompiledForward`), which keeps it out of
+    its graphs (its slot count changes every step)."""
+    return torch.ops.verispec.cached_attention(
+        q, k, v, cache.k, cache.v, inputs.where, inputs.local_mask
+    )
 
 
 def _weighted_values(
-    weights: torch.Tensor, values: torch.Tensor, local_mask: torch.Tensor, start: int, groups: int
-) -> torch.Tensor:
+    weights: Tensor, values: Tensor, local_mask: Tensor, start: int, groups: int
+) -> Tensor:
     """The softmax weights times the values, each row's terms summed in the order and
     grouping of decoding its token one at a time.
 
@@ -174,10 +187,10 @@ def _padded_rows(groups: int, q_len: int) -> int:
 
 
 def _resum_straddling_rows(
-    blocks: list[torch.Tensor],
-    weights: torch.Tensor,
-    values: torch.Tensor,
-    local_mask: torch.Tensor,
+    blocks: list[Tensor],
+    weights: Tensor,
+    values: Tensor,
+    local_mask: Tensor,
     start: int,
     groups: int,
 ) -> None:
@@ -226,25 +239,18 @@ def _resum_straddling_rows(
         )
 
 
-def attend_static(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
-    where: torch.Tensor,
-    local_mask: torch.Tensor,
-) -> torch.Tensor:
+def attend_static(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, inputs: PassInputs) -> Tensor:
     """:func:`attend` with static shapes and no host read, for CUDA graphs.
 
-    ``where`` is a 0-d int64 tensor on the device: the first slot of the new entries,
-    which see every slot before it and, among themselves, what ``local_mask`` (Shape:
+    ``inputs.where`` is a 0-d int64 tensor on the device: the first slot of the new entries,
+    which see every slot before it and, among themselves, what ``inputs.local_mask`` (Shape:
     (Q, Q)) allows. The queries attend to the whole cache (every later slot masked), so
     nothing depends on a value read on the host. Same arguments otherwise, same result to
     rounding: the value product is one product over the whole cache, not summed per block
     in sequential decoding's order as :func:`attend` does (a GPU's products promise no
     row-invariant bits anyway).
     """
+    cache_k, cache_v, where, local_mask = cache.k, cache.v, inputs.where, inputs.local_mask
     q_len, heads, head_dim = q.shape
     kv_heads, capacity = k.shape[1], cache_k.shape[1]
     slots = where + torch.arange(q_len, device=q.device)
@@ -263,24 +269,16 @@ def attend_static(
     return out.permute(2, 0, 1, 3).reshape(q_len, heads * head_dim)
 
 
-def attend_prompt(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
-    where: torch.Tensor,
-    local_mask: torch.Tensor,
-) -> torch.Tensor:
+def attend_prompt(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, inputs: PassInputs) -> Tensor:
     """:func:`attend` for a prompt's causal pass (``local_mask`` causal): the cache written,
     then one fused ``scaled_dot_product_attention`` over slots ``[0, start + Q)``
-    (PyTorch's flash attention on the CPU: 2-3x the C attention's speed on a prompt; with
-    no earlier slots its own causal masking, which skips the masked blocks: another 2x at
-    4,096 tokens). Its rows depend on the kernel's blocking, so it serves prefill only
-    (``PassKind.PROMPT``)."""
-    start = int(where[0])
+    (PyTorch's flash attention on the CPU: faster than the C attention on a prompt; with no
+    earlier slots its own causal masking, which skips the masked blocks). Its rows depend on the
+    kernel's blocking, so it serves prefill only (``PassKind.PROMPT``)."""
+    cache_k, cache_v, local_mask = cache.k, cache.v, inputs.local_mask
+    start = int(inputs.where[0])
     q_len, heads, head_dim = q.shape
-    write_prompt_cache(k, v, cache_k, cache_v, start)
+    write_prompt_cache(k, v, cache, start)
     slots, width = start + q_len, local_mask.shape[1]
     mask = None
     if start > 0 or width != q_len:
@@ -303,11 +301,9 @@ def attend_prompt(
     return out[0].transpose(0, 1).reshape(q_len, heads * head_dim)
 
 
-def write_prompt_cache(
-    k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int
-) -> None:
+def write_prompt_cache(k: Tensor, v: Tensor, cache: KVCache, start: int) -> None:
     """Write a prompt pass's keys and values (Shape: (Q, KV heads, D)) to slots
     ``[start, start + Q)`` of the cache."""
     q_len, _, head_dim = k.shape
-    cache_k[:, start : start + q_len] = k.transpose(0, 1)
-    cache_v[:, start : start + q_len, :head_dim] = v.transpose(0, 1)
+    cache.k[:, start : start + q_len] = k.transpose(0, 1)
+    cache.v[:, start : start + q_len, :head_dim] = v.transpose(0, 1)

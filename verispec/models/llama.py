@@ -24,10 +24,11 @@ and a draft tree's nodes. They see every committed slot and, among the last slot
 what a boolean ``local_mask`` allows (causal for the pending tokens, ancestors for
 tree nodes).
 
-What one forward reads besides the hidden states travels through the blocks as one
-record, :class:`PassInputs` (the rotary rows, the cache slots, the mask, the pass's kind,
-the caches and the layers run), as gpt-fast passes ``input_pos``, ``freqs_cis`` and
-``mask``. Each :class:`Attention` calls the core of the pass's kind from its
+A forward takes one record, :class:`~verispec.models.passes.Pass` (the tokens, their
+positions, the caches, the slots, the mask, the layers run); what its layers read besides
+the hidden states travels through them as another, :class:`~verispec.models.passes.PassInputs`
+(the rotary rows, the slots, the mask, the pass's kind), as gpt-fast passes ``input_pos``,
+``freqs_cis`` and ``mask``. Each :class:`Attention` calls the core of the pass's kind from its
 :attr:`~Attention.cores` (a prompt's prefill, a tree pass, a CUDA graph's static pass).
 
 This module imports no kernel. What makes it fast (block and integer products, weights
@@ -50,9 +51,8 @@ D head dim, E model width, F feed-forward width, V vocabulary.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import attrs
 import torch
@@ -67,10 +67,12 @@ from verispec.models.attention import (
     attend_static,
     write_prompt_cache,
 )
+from verispec.models.passes import KVCache, Pass, PassInputs, PassKind
 
 __all__ = [
     "KVCache",
     "ModelArgs",
+    "Pass",
     "PassInputs",
     "PassKind",
     "Product",
@@ -82,45 +84,6 @@ _ARCHITECTURES = {"llama", "qwen2", "mistral"}
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables independent of length
 PROMPT_MLP_ROWS = 1024
 """Rows of a prompt pass's feed-forward per GEMM (:meth:`FeedForward._prompt_forward`)."""
-
-
-class PassKind(enum.Enum):
-    """What kind of pass a forward is, which decides its attention core (and, for a prompt,
-    its products): the caller that builds the pass names it."""
-
-    TREE = "tree"
-    """Pending tokens and tree nodes: every row row-invariant."""
-    PROMPT = "prompt"
-    """A prompt's causal prefill chunk: kernels made for many rows, not row-invariant
-    (:func:`~verispec.models.attention.attend_prompt`, a :class:`Product`'s prompt form).
-    Every decoding method prefills alike, and the first token comes from the next tree
-    pass's root row."""
-    STATIC = "static"
-    """A CUDA graph's pass: ``where`` is a 0-d start on the device, the mask ``(Q, Q)``
-    (:func:`~verispec.models.attention.attend_static`)."""
-
-
-class PassInputs(NamedTuple):
-    """What one forward reads besides the hidden states: the pass record, built once per
-    pass by :meth:`Transformer.forward` (each layer reads its own cache of ``caches``)."""
-
-    cos: torch.Tensor
-    """The rotary table's rows of the pass's positions, Shape: (Q, D)."""
-    sin: torch.Tensor
-    """As ``cos``, for the sines."""
-    where: torch.Tensor
-    """int64 ``[start, length]``: the new entries go to slots ``[start, start + Q)`` and the
-    tokens attend to slots ``[0, length)``; for a ``STATIC`` pass a 0-d ``start`` on the
-    device (the whole cache is attended)."""
-    local_mask: torch.Tensor
-    """bool, Shape: (Q, W): which of the W slots before ``start + Q`` each token sees (every
-    earlier slot is seen, every later one is not)."""
-    kind: PassKind = PassKind.TREE
-    """The kind of pass (:class:`PassKind`)."""
-    caches: Sequence[KVCache] = ()
-    """One cache per layer run."""
-    layers: tuple[int, ...] | None = None
-    """The decoder layers run, in order (a self-draft's); every layer if None."""
 
 
 @attrs.frozen
@@ -201,29 +164,6 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
-class KVCache(nn.Module):
-    """One layer's keys and values, preallocated, written in place by the attention
-    (:func:`~verispec.models.attention.attend`).
-
-    Buffers ``k``: Shape: (Hkv, capacity, D) and ``v``: Shape: (Hkv, capacity, D + 1),
-    whose last column is all ones, so that one product of softmax weights with ``v``
-    gives both the weighted values and the weights' sum (see
-    :func:`~verispec.models.attention.attend`). Slot ``j`` holds the entry of the token the
-    caller put there; the runtime keeps committed token ``j`` in slot ``j``.
-    """
-
-    k: torch.Tensor
-    v: torch.Tensor
-
-    def __init__(self, n_kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.capacity, self.head_dim = capacity, head_dim
-        values = torch.zeros(n_kv_heads, capacity, head_dim + 1, dtype=dtype)
-        values[..., head_dim] = 1.0
-        self.register_buffer("k", torch.zeros(n_kv_heads, capacity, head_dim, dtype=dtype))
-        self.register_buffer("v", values)
-
-
 class Attention(nn.Module):
     """Grouped-query attention with rotary positions over the used cache slots.
 
@@ -257,9 +197,7 @@ class Attention(nn.Module):
         qk = qkv[:, : (heads + kv_heads) * head_dim].view(q_len, -1, head_dim)
         qk = _rope(qk, inputs.cos, inputs.sin)
         v = qkv[:, (heads + kv_heads) * head_dim :].view(q_len, kv_heads, head_dim)
-        out = self.cores[inputs.kind](
-            qk[:, :heads], qk[:, heads:], v, cache.k, cache.v, inputs.where, inputs.local_mask
-        )
+        out = self.cores[inputs.kind](qk[:, :heads], qk[:, heads:], v, cache, inputs)
         return _matmul(self.wo, out, inputs.kind)
 
     def write_cache(self, x: torch.Tensor, inputs: PassInputs, cache: KVCache) -> None:
@@ -275,7 +213,7 @@ class Attention(nn.Module):
             inputs.sin,
         )
         v = qkv[:, (heads + kv_heads) * head_dim :].view(q_len, kv_heads, head_dim)
-        write_prompt_cache(k, v, cache.k, cache.v, int(inputs.where[0]))
+        write_prompt_cache(k, v, cache, int(inputs.where[0]))
 
 
 class FeedForward(nn.Module):
@@ -296,9 +234,9 @@ class FeedForward(nn.Module):
     def _prompt_forward(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` of a prompt pass, the same values row by row: the weights widened
         once, then chunks of :data:`PROMPT_MLP_ROWS` rows, ``silu(gate) * up`` in place. A
-        chunk's gate/up product (12 MB) stays below glibc's mmap threshold, so its memory is
-        reused from layer to layer instead of being mapped and zero-filled again (a 4,096-row
-        product, 50 MB, paid ~20 % of its GEMM time in page faults, one thread, AVX2)."""
+        chunk's gate/up product stays below glibc's mmap threshold, so its memory is reused
+        from layer to layer instead of being mapped and zero-filled again (a whole 4,096-row
+        product paid a fifth of its GEMM time in page faults: docs/benchmarks.rst)."""
         w13, w2 = _prompt_linear(self.w13), _prompt_linear(self.w2)
         out = x.new_empty(x.shape[0], self.w2.out_features)
         for first in range(0, x.shape[0], PROMPT_MLP_ROWS):
@@ -371,26 +309,14 @@ class Transformer(nn.Module):
         ]
 
     def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        caches: list[KVCache],
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
-        layers: tuple[int, ...] | None = None,
-        *,
-        kind: PassKind = PassKind.TREE,
-        cache_only: bool = False,
+        self, p: Pass, *, kind: PassKind = PassKind.TREE, cache_only: bool = False
     ) -> torch.Tensor:
-        """The final-normed hidden states of ``tokens``.
+        """The final-normed hidden states of the pass's tokens.
 
         Args:
-            tokens: int64, Shape: (Q,).
-            positions: int64, Shape: (Q,); the rotary position of each token.
-            caches: one per decoder layer run.
-            where, local_mask, kind: as for :class:`PassInputs` (``where`` a 0-d tensor
-                for a ``STATIC`` pass).
-            layers: run only these decoder layers, in order (a self-draft); all if None.
+            p: the pass (:class:`~verispec.models.passes.Pass`: tokens, positions, caches,
+                slots, mask, layers; ``where`` a 0-d tensor for a ``STATIC`` pass).
+            kind: the kind of pass (:class:`~verispec.models.passes.PassKind`).
             cache_only: with ``kind=PassKind.PROMPT``, a pass whose rows nobody reads (a
                 prefill chunk before the root): it writes every layer's keys and values and
                 skips what only the rows need, the last layer's attention and feed-forward
@@ -399,29 +325,18 @@ class Transformer(nn.Module):
         Returns:
             Shape: (Q, E), in the compute dtype.
         """
-        x = self.tok_embeddings(tokens).to(self.compute_dtype)  # (Q, E)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        inputs = PassInputs(cos, sin, where, local_mask, kind, caches, layers)
-        return self._write_caches(x, inputs) if cache_only else self._blocks(x, inputs)
-
-    def _run_blocks(self, inputs: PassInputs) -> list[Block]:
-        """The decoder layers a pass runs, in order (a self-draft's subset)."""
-        return self.blocks if inputs.layers is None else [self.blocks[i] for i in inputs.layers]
-
-    def _blocks(self, x: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
-        """The decoder layers one module at a time, then the final norm."""
-        for block, cache in zip(self._run_blocks(inputs), inputs.caches, strict=True):
+        x = self.tok_embeddings(p.tokens).to(self.compute_dtype)  # (Q, E)
+        cos, sin = self.rope_cos[p.positions], self.rope_sin[p.positions]
+        inputs = PassInputs(cos, sin, p.where, p.local_mask, kind)
+        blocks = self.blocks if p.layers is None else [self.blocks[i] for i in p.layers]
+        if cache_only:  # the last layer writes only its keys and values: nobody reads its rows
+            for block, cache in zip(blocks[:-1], p.caches[:-1], strict=True):
+                x = block(x, inputs, cache)
+            blocks[-1].write_cache(x, inputs, p.caches[-1])
+            return x[:0]
+        for block, cache in zip(blocks, p.caches, strict=True):
             x = block(x, inputs, cache)
         return self.norm(x)
-
-    def _write_caches(self, x: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
-        """:meth:`_blocks` for a pass whose rows nobody reads: the last layer writes only
-        its keys and values (its output would feed nothing but the rows)."""
-        blocks, caches = self._run_blocks(inputs), inputs.caches
-        for block, cache in zip(blocks[:-1], caches[:-1], strict=True):
-            x = block(x, inputs, cache)
-        blocks[-1].write_cache(x, inputs, caches[-1])
-        return x[:0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head: hidden Shape: (R, E) to logits Shape: (R, V), float32 or float64."""

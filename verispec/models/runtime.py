@@ -75,7 +75,7 @@ from verispec.models.accelerators.onednn import Prepacked
 from verispec.models.accelerators.probe import row_invariant_kernels
 from verispec.models.accelerators.registry import accelerate
 from verispec.models.invariance import VALUE_BLOCK, min_pass_tokens, min_product_rows
-from verispec.models.llama import KVCache, PassKind, Transformer, from_hf
+from verispec.models.llama import KVCache, Pass, PassKind, Transformer, from_hf
 
 _A = TypeVar("_A", bound=Accelerator)
 __all__ = ["PROMPT_PASS_TOKENS", "WEIGHTS", "FastModel", "prompt_pass_tokens"]
@@ -94,13 +94,10 @@ one-token decoding's. With more threads the threshold is :func:`prompt_pass_toke
 
 def prompt_pass_tokens(threads: int) -> int:
     """The shortest prefill chunk that runs as a prompt pass on ``threads`` threads:
-    :data:`PROMPT_PASS_TOKENS` at one thread, twice that from two. On the AVX-512 EPYC
-    (``benchmarks/prefill.py --paths``) the two paths crossed near 64 tokens at one thread,
-    while at two the tree kernels stayed ahead up to 128 (80 tokens: 175 against 221 ms;
-    128: 240 against 255): a second thread speeds them up more than the prompt pass on a
-    short prompt. On the AVX2-only EPYC (session 21, median of 7) they crossed at 64-72 tokens
-    at one thread and between 112 and 128 at two: the same thresholds fit. Not measured
-    beyond two threads."""
+    :data:`PROMPT_PASS_TOKENS` at one thread, twice that from two: a second thread speeds the
+    tree kernels up more than the prompt pass on a short prompt. The thresholds sit near
+    where the two paths cross on the CPUs measured (``benchmarks/prefill.py --paths``;
+    figures in docs/benchmarks.rst); not measured beyond two threads."""
     return PROMPT_PASS_TOKENS if threads <= 1 else 2 * PROMPT_PASS_TOKENS
 
 
@@ -490,7 +487,7 @@ class FastModel(TreeSequenceModel):
             )
         with torch.inference_mode():
             hidden = forward(
-                tokens, positions, self._caches, where, local_mask, self._layers_arg
+                Pass(tokens, positions, self._caches, where, local_mask, self._layers_arg)
             )  # (padded, E)
         if rows == 0:
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)

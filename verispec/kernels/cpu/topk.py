@@ -2,9 +2,9 @@
 
 Token Recycling (:mod:`verispec.drafters.token_recycling`) and Dynamic Token Recycling
 write the target's top-``k`` at every scored row into their matrix after each drafted
-step. With ``torch`` ops that took 0.12 to 0.2 ms for the one to four rows of a small CPU
-tree (several ops, each with its own dispatch), 2 to 4 % of a two-thread decoding step
-on the AVX2 EPYC. :func:`topk_rows` runs ``topk.c``: one pass over each row, a vector
+step. With ``torch`` ops that took a few percent of a two-thread decoding step for the one
+to four rows of a small CPU tree (several ops, each with its own dispatch).
+:func:`topk_rows` runs ``topk.c``: one pass over each row, a vector
 maximum per eight logits, with (when asked) the log-sum-exp of the row's block maxima
 (Dynamic Token Recycling's score normaliser). Same values as ``torch.topk``; among equal
 values the lower id first.

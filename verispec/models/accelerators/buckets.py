@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 
 from verispec.models.accelerators.base import Accelerator
-from verispec.models.llama import KVCache, Transformer
+from verispec.models.llama import KVCache, Pass, Transformer
 
 __all__ = ["BUCKETS", "GRAPH_BUCKETS", "BucketedForward", "bucket_for"]
 
@@ -29,8 +29,8 @@ longer passes (prefill chunks, shared by every method) run eagerly."""
 GRAPH_BUCKETS: tuple[int, ...] = (*BUCKETS, 160, 192, 256)
 """The CUDA graphs' buckets: :data:`BUCKETS` and on to 256 new tokens. A captured graph
 costs a replay, not a compile, and a GPU's T(n) is nearly flat, so a tree of 128 nodes and
-its root (129 tokens) runs a graph too instead of falling off the last one (it ran eagerly,
-2.7x slower, on the H100 of 2026-11-25)."""
+its root (129 tokens) runs a graph too instead of falling off the last one to run eagerly,
+several times slower (docs/benchmarks.rst, the H100 report)."""
 
 
 def bucket_for(queries: int, buckets: tuple[int, ...] = BUCKETS) -> int:
@@ -67,33 +67,17 @@ class BucketedForward(Accelerator):
         self.setup_s = 0.0
         self.forward = self
 
-    def __call__(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        caches: list[KVCache],
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
-        layers: tuple[int, ...] | None = None,
-    ) -> torch.Tensor:
+    def __call__(self, p: Pass) -> torch.Tensor:
         """As :meth:`Transformer.forward <verispec.models.llama.Transformer.forward>` (a tree
         pass)."""
-        queries, width = local_mask.shape
+        queries, width = p.local_mask.shape
         if queries != width or queries not in self.buckets:  # a long prefill chunk: eager
-            return self.transformer(tokens, positions, caches, where, local_mask, layers)
-        return self.run_bucket(tokens, positions, caches, where, local_mask, layers)
+            return self.transformer(p)
+        return self.run_bucket(p)
 
     @abc.abstractmethod
-    def run_bucket(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        caches: list[KVCache],
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
-        layers: tuple[int, ...] | None,
-    ) -> torch.Tensor:
-        """The built forward of the bucket ``len(tokens)`` (built now if it is not yet)."""
+    def run_bucket(self, p: Pass) -> torch.Tensor:
+        """The built forward of the bucket ``len(p.tokens)`` (built now if it is not yet)."""
 
     @abc.abstractmethod
     def warm_up(self, caches: list[KVCache], layers: tuple[int, ...] | None = None) -> float:

@@ -1,8 +1,8 @@
 """The runtime's attention on the CPU in one call per layer (``kernels/cpu/attention.c``).
 
 :func:`~verispec.models.attention.attend` writes the attention out in about fifty torch
-operators a layer; on a small CPU their dispatch costs more than their arithmetic (0.33
-ms a layer for one token after 300, of which the products are 0.09). :func:`attend_cpu`
+operators a layer; on a small CPU their dispatch costs more than their arithmetic.
+:func:`attend_cpu`
 does the same in one call to the C kernel built with the block products
 (:mod:`verispec.models.accelerators.blocks`): cache write, scores, mask, softmax and value product.
 
@@ -17,9 +17,7 @@ vectorised ``exp``).
 What the rows of a pass share is memory: all rows of one KV group (its heads, for every
 token of the pass) read the same cached keys and values, and the kernel reads each key
 block and value line once for all of them. An extra tree row costs its arithmetic, not
-another sweep of the cache. On the AVX-512 EPYC, 30 layers' attention at 1,000 tokens of
-context: 4 rows 11.2 -> 6.5 ms on one thread, 6.9 -> 4.2 on two; one row 4.6 -> 3.9 and
-3.4 -> 3.3-4.0 (noise); the bits are the same.
+another sweep of the cache (figures: docs/benchmarks.rst); the bits are the same.
 """
 
 from __future__ import annotations
@@ -28,11 +26,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor
 
 from verispec.models.accelerators.base import Accelerator, Plan
 from verispec.models.accelerators.blocks import library
 from verispec.models.accelerators.buckets import BucketedForward
-from verispec.models.llama import PassKind
+from verispec.models.llama import KVCache, PassInputs, PassKind
 
 if TYPE_CHECKING:
     from verispec.models.llama import Transformer
@@ -45,24 +44,16 @@ def cpu_attention_available(head_dim: int) -> bool:
     return head_dim % 8 == 0 and library() is not None
 
 
-def attend_cpu(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
-    where: torch.Tensor,
-    local_mask: torch.Tensor,
-) -> torch.Tensor:
+def attend_cpu(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, inputs: PassInputs) -> Tensor:
     """:func:`~verispec.models.attention.attend` (same arguments, float32 on the CPU), in C."""
     lib = library()
     if lib is None:
         raise RuntimeError("the CPU kernels are unavailable (see blocks.kernel_status)")
-    start = int(where[0])
+    cache_k, cache_v, start = cache.k, cache.v, int(inputs.where[0])
     q_len, heads, head_dim = q.shape
     kv_heads, capacity = k.shape[1], cache_k.shape[1]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    mask = local_mask.contiguous().view(torch.uint8)
+    mask = inputs.local_mask.contiguous().view(torch.uint8)
     out = torch.empty(q_len, heads * head_dim)
     status = lib.vs_attend(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(),

@@ -3,7 +3,7 @@
 With the products reading GGUF blocks (:mod:`verispec.models.accelerators.blocks`) and the
 attention in C (:mod:`verispec.models.accelerators.c_attention`), what remained of a one-token step
 on a small CPU was dispatch: about fifteen torch operators a layer (two norms, rotary,
-slicing, SwiGLU, residuals) and the Python between them, some 40 % of the step.
+slicing, SwiGLU, residuals) and the Python between them, a large part of the step.
 :class:`LayerKernel` runs the decoder layers (:class:`~verispec.models.llama.Block`: norm,
 query/key/value product, rotary, attention, output product and residual, norm, gate/up
 product, SwiGLU, down product and residual), all of them, as one call a forward into the
@@ -20,8 +20,8 @@ float32, CPU); ``attention="torch"`` turns both off.
 :meth:`LayerKernel.forward` runs the whole tree pass around the layers in the same call:
 the embedding and rotary rows, the final norm, and for a decoding step (one pending token
 and a draft tree below it, whose mask and positions it builds from the parents) the LM head
-when it is a block product. In a step that follows the layers' 96 MB of weights through
-the CPU's caches, each torch operator and Python line around them costs tens of
+when it is a block product. In a step that follows the layers' weights through the CPU's
+caches, each torch operator and Python line around them costs tens of
 microseconds (docs/runtime.rst); the runtime's decoding steps run no torch operator at all
 (:meth:`CLayers.decode_step`).
 
@@ -43,7 +43,7 @@ from verispec.models.accelerators.base import Accelerator, Plan, find
 from verispec.models.accelerators.blocks import BlockLinear, library, tensors_replaced
 from verispec.models.accelerators.c_attention import CAttention, cpu_attention_available
 from verispec.models.invariance import min_pass_tokens
-from verispec.models.llama import Block, KVCache, PassInputs
+from verispec.models.llama import Block, KVCache, Pass, PassInputs
 
 if TYPE_CHECKING:
     from verispec.models.llama import Transformer
@@ -113,8 +113,8 @@ class LayerKernel:
         """The caches' key and value pointer arrays, rebuilt when other caches come (the
         runtime replaces its caches when they grow). Keyed by the caches' identities, which
         reads no cache object: a decoding step starts right after the products have streamed
-        their weights through the CPU's caches, where reading 60 tensors' addresses cost
-        about 0.1 ms. The caches are kept referenced, so an identity stays theirs."""
+        their weights through the CPU's caches, where reading 60 tensors' addresses is a
+        measurable part of the step. The caches are kept referenced, so an identity stays theirs."""
         ids = tuple(map(id, caches))
         if ids != self._cache_ids:
             array = ctypes.c_void_p * len(caches)
@@ -355,23 +355,15 @@ class CLayers(Accelerator):
     def _kernel(self, layers: tuple[int, ...] | None) -> LayerKernel:
         return self.kernel if layers is None else self.kernel.subset(layers)
 
-    def tree_pass(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        caches: list[KVCache],
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
-        layers: tuple[int, ...] | None = None,
-    ) -> torch.Tensor:
+    def tree_pass(self, p: Pass) -> torch.Tensor:
         """:meth:`Transformer.forward <verispec.models.llama.Transformer.forward>`'s tree
         pass (same arguments, same rows to rounding: the norms' sums of squares are computed
         in C), in one C call. A step runs right after the layers have streamed their weights
         through the CPU's caches, where each Python or torch call costs tens of
         microseconds."""
-        start = int(where[0])
-        return self._kernel(layers).forward(
-            self.model, tokens, positions, caches, start, local_mask
+        kernel = self._kernel(p.layers)
+        return kernel.forward(
+            self.model, p.tokens, p.positions, p.caches, int(p.where[0]), p.local_mask
         )
 
     def decode_step(

@@ -12,7 +12,7 @@ each registered by the module that uses it:
   inductor's own prepacking would pick MKL for float32, which is slower here and whose rows
   depend on the row count) or the block kernel's; :meth:`CompiledForward.attach` registers
   each such module's key;
-* ``verispec::cached_attention`` (:data:`verispec.models.attention.CACHED_ATTENTION`, the
+* ``verispec::cached_attention`` (:func:`verispec.models.attention.cached_attention`, the
   tree passes' attention core that :meth:`CompiledForward.attach` sets) —
   :func:`~verispec.models.attention.attend`: the cache write and the attention over the used
   slots, whose count changes every step. Its positions travel in a tensor, so a new
@@ -44,8 +44,8 @@ from verispec.core.paths import cache_dir
 from verispec.models.accelerators.base import Accelerator, Plan
 from verispec.models.accelerators.buckets import BucketedForward
 from verispec.models.accelerators.linear_op import register_products
-from verispec.models.attention import CACHED_ATTENTION
-from verispec.models.llama import KVCache, PassKind, Transformer
+from verispec.models.attention import cached_attention
+from verispec.models.llama import KVCache, Pass, PassKind, Transformer
 
 __all__ = ["COMPILED_CAPACITY", "CompiledForward"]
 
@@ -83,28 +83,20 @@ class CompiledForward(BucketedForward):
         cls, model: Transformer, plan: Plan, attached: Sequence[Accelerator]
     ) -> CompiledForward | None:
         """With ``compile=True`` and no CUDA graphs: the products registered as opaque
-        operators, the tree passes' attention core :data:`CACHED_ATTENTION`."""
+        operators, the tree passes' attention core :func:`cached_attention`."""
         if not plan.compile or plan.graphs:
             return None
         register_products(model)
         for block in model.blocks:
-            block.attention.cores[PassKind.TREE] = CACHED_ATTENTION
+            block.attention.cores[PassKind.TREE] = cached_attention
         return cls(model)
 
-    def run_bucket(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        caches: list[KVCache],
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
-        layers: tuple[int, ...] | None,
-    ) -> torch.Tensor:
-        key = (len(tokens), layers, caches[0].capacity)  # a new capacity recompiles too
+    def run_bucket(self, p: Pass) -> torch.Tensor:
+        key = (len(p.tokens), p.layers, p.caches[0].capacity)  # a new capacity recompiles too
         if key in self._warm:
-            return self._forward(tokens, positions, caches, where, local_mask, layers)
+            return self._forward(p)
         start = time.perf_counter()  # compiles now: counted, never silently
-        out = self._forward(tokens, positions, caches, where, local_mask, layers)
+        out = self._forward(p)
         self.setup_s += time.perf_counter() - start
         self._warm.add(key)
         return out
@@ -117,5 +109,5 @@ class CompiledForward(BucketedForward):
             mask = torch.ones(size, size, dtype=torch.bool, device=tokens.device).tril_()
             positions, where = torch.arange(size), torch.tensor([0, 128])
             with torch.inference_mode():
-                self(tokens, positions, caches, where, mask, layers)
+                self(Pass(tokens, positions, caches, where, mask, layers))
         return self.setup_s - before

@@ -40,7 +40,7 @@ import torch
 from verispec.models.accelerators.base import Accelerator, Plan
 from verispec.models.accelerators.buckets import GRAPH_BUCKETS, BucketedForward
 from verispec.models.accelerators.linear_op import register_products
-from verispec.models.llama import KVCache, PassKind, Transformer
+from verispec.models.llama import KVCache, Pass, PassKind, Transformer
 
 __all__ = ["GraphedForward"]
 
@@ -97,22 +97,15 @@ class GraphedForward(BucketedForward):
             register_products(model)
         return cls(model, compile=plan.compile)
 
-    def run_bucket(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        caches: list[KVCache],
-        where: torch.Tensor,
-        local_mask: torch.Tensor,
-        layers: tuple[int, ...] | None,
-    ) -> torch.Tensor:
-        key = (len(tokens), layers)
-        entry = self._graphs.get(key) or _Graph(len(tokens), caches[0].k.device)
+    def run_bucket(self, p: Pass) -> torch.Tensor:
+        caches, layers = list(p.caches), p.layers
+        key = (len(p.tokens), layers)
+        entry = self._graphs.get(key) or _Graph(len(p.tokens), caches[0].k.device)
         self._graphs[key] = entry
-        entry.tokens.copy_(tokens, non_blocking=True)
-        entry.positions.copy_(positions, non_blocking=True)
-        entry.start.fill_(int(where[0]))  # where is on the host: no device read
-        entry.mask.copy_(local_mask, non_blocking=True)
+        entry.tokens.copy_(p.tokens, non_blocking=True)
+        entry.positions.copy_(p.positions, non_blocking=True)
+        entry.start.fill_(int(p.where[0]))  # where is on the host: no device read
+        entry.mask.copy_(p.local_mask, non_blocking=True)
         if self.capture and entry.graph is None:
             self._capture(entry, caches, layers)  # with this step's inputs in the buffers
         if entry.graph is not None:
@@ -132,7 +125,9 @@ class GraphedForward(BucketedForward):
 
     def _run(self, entry: _Graph, caches: list[KVCache], layers: Any) -> torch.Tensor:
         start = time.perf_counter()
-        out = self._forward(entry.tokens, entry.positions, caches, entry.start, entry.mask, layers)
+        out = self._forward(
+            Pass(entry.tokens, entry.positions, caches, entry.start, entry.mask, layers)
+        )
         if self.compiled and not self.capture:  # compiling, uncaptured: counted here
             self.setup_s += time.perf_counter() - start
         return cast(torch.Tensor, out)

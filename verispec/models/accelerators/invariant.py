@@ -12,15 +12,20 @@ import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from torch import nn
+from torch import Tensor, nn
 
 from verispec.models.accelerators.base import Accelerator, Plan
-from verispec.models.llama import PassKind, RMSNorm
+from verispec.models.llama import KVCache, PassInputs, PassKind, RMSNorm
 
 if TYPE_CHECKING:
     from verispec.models.llama import Transformer
 
-__all__ = ["InvariantKernels", "TritonAttention", "use_invariant_kernels"]
+__all__ = [
+    "InvariantKernels",
+    "TritonAttention",
+    "triton_static_attention",
+    "use_invariant_kernels",
+]
 
 
 def use_invariant_kernels(model: nn.Module) -> None:
@@ -51,12 +56,21 @@ class TritonAttention(Accelerator):
     ) -> TritonAttention | None:
         if plan.attention != "triton":
             return None
-        from verispec.kernels.graph_ops import static_attention
-
-        core = functools.partial(static_attention, by_position=plan.batch_invariant)
+        core = functools.partial(triton_static_attention, by_position=plan.batch_invariant)
         for block in model.blocks:
             block.attention.cores[PassKind.STATIC] = core
         return cls()
+
+
+def triton_static_attention(
+    q: Tensor, k: Tensor, v: Tensor, cache: KVCache, inputs: PassInputs, *, by_position: bool
+) -> Tensor:
+    """:func:`verispec.kernels.graph_ops.static_attention` as a static passes' attention core
+    (the arguments of :func:`~verispec.models.attention.attend_static`)."""
+    from verispec.kernels.graph_ops import static_attention
+
+    args = (q, k, v, cache.k, cache.v, inputs.where, inputs.local_mask)
+    return static_attention(*args, by_position=by_position)
 
 
 class InvariantKernels(Accelerator):

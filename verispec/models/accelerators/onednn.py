@@ -3,8 +3,8 @@
 Every ``nn.Linear`` the block kernel (:mod:`verispec.models.accelerators.blocks`) does not cover
 is replaced by :class:`PackedLinear` (:func:`prepack_linears`), whose weight is reordered
 once into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and
-multiplied by ``_linear_pointwise``. On the CPUs measured, oneDNN's product is 1.5-3x
-faster than the default MKL one for 2 or more rows, and its result for a row does not
+multiplied by ``_linear_pointwise``. On the CPUs measured, oneDNN's product is faster
+than the default MKL one for 2 or more rows (docs/benchmarks.rst), and its result for a row does not
 depend on how many rows are computed with it from two rows up (checked by
 :func:`~verispec.models.accelerators.probe.row_invariant_kernels`; a single row is padded to two,
 :func:`~verispec.models.invariance.min_product_rows`). Float32, or bfloat16 where oneDNN
