@@ -19,6 +19,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import attrs
 import torch
+from torch import Generator, Tensor
 
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
@@ -459,11 +460,7 @@ class Verifier(Protocol):
     """Decides which path of a draft tree to keep."""
 
     def verify(
-        self,
-        tree: DraftTree,
-        target_logits: torch.Tensor,
-        sampling: SamplingParams,
-        generator: torch.Generator,
+        self, tree: DraftTree, target_logits: Tensor, sampling: SamplingParams, generator: Generator
     ) -> Verdict:
         """Args: target_logits: float, Shape: (N + 1, V)."""
         ...
@@ -483,14 +480,9 @@ class PositionKeyedVerifier(Protocol):
     keyed_by_position: ClassVar[bool]
 
     def verify(
-        self,
-        tree: DraftTree,
-        target_logits: torch.Tensor,
-        sampling: SamplingParams,
-        generator: torch.Generator,
-        *,
-        position: int | None = None,
-    ) -> Verdict:
+        self, tree: DraftTree, target_logits: Tensor, sampling: SamplingParams,
+        generator: Generator, *, position: int | None = None,
+    ) -> Verdict:  # fmt: skip
         """Args: target_logits: float, Shape: (N + 1, V); position: see the class."""
         ...
 

@@ -135,6 +135,18 @@ class DraftModelDrafter(BaseDrafter):
         draft_room = int(self.draft.max_length) - int(self.draft.num_committed)
         return max(0, min(budget, state.max_nodes, draft_room))
 
+    def start_levels(
+        self, state: DecodeState, budget: int
+    ) -> tuple[int, torch.Tensor, torch.Generator] | None:
+        """Start a level-by-level step of at most ``budget`` nodes: ``(node limit, the root's
+        logits Shape: (1, V), the draft's generator)``, or ``None`` when the step has no
+        room for a node."""
+        limit = self.node_limit(state, budget)
+        if limit == 0:
+            return None
+        level_logits = self.score_root()[None]  # (1, V)
+        return limit, level_logits, draft_generator(state, level_logits.device)
+
     def score_root(self) -> torch.Tensor:
         """Start the step: feed the draft's pending tokens. Returns the root's logits, (V,)."""
         self._scored = 0
@@ -265,12 +277,11 @@ class LevelwiseDrafter(DraftModelDrafter, abc.ABC):
         """The proposal law of children drawn from ``probs`` (Shape: (V,))."""
 
     def propose(self, state: DecodeState) -> DraftTree:
-        limit = self.node_limit(state, self.budget)
-        if limit == 0:
+        started = self.start_levels(state, self.budget)
+        if started is None:
             return DraftTree.empty()
+        limit, level_logits, generator = started
         sampling = state.sampling
-        level_logits = self.score_root()[None]  # (1, V)
-        generator = draft_generator(state, level_logits.device)
         level_rows = [0]  # rows (0 the root, i + 1 node i) whose children come next
         laws: dict[int, ProposalLaw] = {}
         count = 0

@@ -40,7 +40,7 @@ import torch
 from verispec.core.tree import DETERMINISTIC, DraftTree, ProposalLaw, WithoutReplacement
 from verispec.core.types import DecodeState, LanguageModel
 from verispec.core.validate import integer, option, or_none
-from verispec.drafters._draft_model import DraftModelDrafter, draft_generator
+from verispec.drafters._draft_model import DraftModelDrafter
 from verispec.drafters._draws import processed_probs, race_without_replacement, top_indices
 
 __all__ = [
@@ -165,12 +165,11 @@ class RSDStochasticBeam(DraftModelDrafter):
         return f"RSDStochasticBeam(width={self.width}, depth={self.depth}, budget={self.budget})"
 
     def propose(self, state: DecodeState) -> DraftTree:
-        limit = self.node_limit(state, self.budget)
-        if limit == 0:
+        started = self.start_levels(state, self.budget)
+        if started is None:
             return DraftTree.empty()
+        limit, level_logits, generator = started
         sampling = state.sampling
-        level_logits = self.score_root()[None]  # (1, V)
-        generator = draft_generator(state, level_logits.device)
         # float64 scores: the arrival times of the race are float64
         scores = torch.zeros(1, dtype=torch.float64, device=level_logits.device)  # G of root
         log_path = torch.zeros(1, dtype=torch.float64, device=level_logits.device)  # its phi

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from verispec.core.tree import IID, Deterministic, DraftTree, WithoutReplacement
 from verispec.core.types import Verdict
@@ -207,17 +208,10 @@ def law_tensors(
 
 
 def rejection_verify_packed(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_row: torch.Tensor,
-    law_codes: torch.Tensor,
-    tokens: torch.Tensor,
-    child_ptr: torch.Tensor,
-    child_idx: torch.Tensor,
-    uniforms: torch.Tensor,
-    *,
+    target_probs: Tensor, draft_probs: Tensor, draft_row: Tensor, law_codes: Tensor,
+    tokens: Tensor, child_ptr: Tensor, child_idx: Tensor, uniforms: Tensor, *,
     kernels: str = "auto",
-) -> torch.Tensor:
+) -> Tensor:  # fmt: skip
     """Recursive rejection verification on device tensors (no host sync); packed (N + 2,).
 
     Arguments as :func:`verispec.kernels.reference.rejection_verify`.
@@ -243,13 +237,9 @@ def rejection_verify_packed(
 
 
 def rejection_verify(
-    tree: DraftTree,
-    target_probs: torch.Tensor,
-    uniforms: torch.Tensor,
-    *,
-    probs: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    kernels: str = "auto",
-) -> Verdict:
+    tree: DraftTree, target_probs: Tensor, uniforms: Tensor, *,
+    probs: Callable[[Tensor], Tensor] | None = None, kernels: str = "auto",
+) -> Verdict:  # fmt: skip
     """Recursive rejection sampling over ``tree`` with given draws (one host sync).
 
     Args:
@@ -272,13 +262,9 @@ def rejection_verify(
 
 
 def rejection_verdicts(
-    tree: DraftTree,
-    target_probs: torch.Tensor,
-    uniforms: torch.Tensor,
-    *,
-    probs: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    kernels: str = "auto",
-) -> list[Verdict]:
+    tree: DraftTree, target_probs: Tensor, uniforms: Tensor, *,
+    probs: Callable[[Tensor], Tensor] | None = None, kernels: str = "auto",
+) -> list[Verdict]:  # fmt: skip
     """:func:`rejection_verify` for each row of ``uniforms`` (Shape: (S, N + 1)).
 
     The one switch of recursive rejection: Triton for CUDA tensors (one launch per

@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
+from torch import Tensor
 
 from verispec.core.sampling import argmax_one
 from verispec.core.tree import IID, Deterministic, DraftTree, WithoutReplacement, follow_path
@@ -61,15 +62,10 @@ __all__ = [
 
 
 def tree_attention(
-    query: torch.Tensor,
-    prefix_key: torch.Tensor,
-    prefix_value: torch.Tensor,
-    tree_key: torch.Tensor,
-    tree_value: torch.Tensor,
-    tree_mask: torch.Tensor,
-    prefix_mask: torch.Tensor | None = None,
+    query: Tensor, prefix_key: Tensor, prefix_value: Tensor, tree_key: Tensor,
+    tree_value: Tensor, tree_mask: Tensor, prefix_mask: Tensor | None = None,
     scale: float | None = None,
-) -> torch.Tensor:
+) -> Tensor:  # fmt: skip
     """Masked softmax attention of tree queries over prefix plus tree keys.
 
     Args:
@@ -535,15 +531,9 @@ def rejection_walk(
 
 
 def rejection_verify(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_row: torch.Tensor,
-    law_codes: torch.Tensor,
-    tokens: torch.Tensor,
-    child_ptr: torch.Tensor,
-    child_idx: torch.Tensor,
-    uniforms: torch.Tensor,
-) -> torch.Tensor:
+    target_probs: Tensor, draft_probs: Tensor, draft_row: Tensor, law_codes: Tensor,
+    tokens: Tensor, child_ptr: Tensor, child_idx: Tensor, uniforms: Tensor,
+) -> Tensor:  # fmt: skip
     """Recursive rejection sampling over one draft tree, uniform draws given.
 
     At each row ``r`` on the walk the residual starts as ``q = target_probs[r]`` and the

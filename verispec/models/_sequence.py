@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
+from torch import Tensor
 
 from verispec.core.tree import DraftTree
 from verispec.errors import ConfigError, ContextLengthError, TreeStructureError
@@ -88,13 +89,9 @@ class TreeSequenceModel(abc.ABC):
 
     @abc.abstractmethod
     def _feed(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        visible: int,
-        local_mask: torch.Tensor | None,
+        self, tokens: Tensor, positions: Tensor, visible: int, local_mask: Tensor | None,
         keep_rows: int | None,
-    ) -> torch.Tensor:
+    ) -> Tensor:  # fmt: skip
         """Run ``tokens`` (int64, Shape: (Q,)) at rotary ``positions`` (Shape: (Q,)).
 
         Their entries go to slots ``[visible + W - Q, visible + W)`` where ``W`` is the

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from verispec.core.validate import integer
 from verispec.errors import ConfigError
@@ -203,13 +204,9 @@ class HFModel(TreeSequenceModel):
 
     @torch.no_grad()  # not inference_mode: callers may modify the logits in place
     def _feed(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        visible: int,
-        local_mask: torch.Tensor | None,
+        self, tokens: Tensor, positions: Tensor, visible: int, local_mask: Tensor | None,
         keep_rows: int | None,
-    ) -> torch.Tensor:
+    ) -> Tensor:  # fmt: skip
         """Feed ``tokens`` (Shape: (Q,)) at ``positions``; logits of the last ``keep_rows`` rows.
 
         transformers' cache appends, so it is first cut to the slot the new entries start at.

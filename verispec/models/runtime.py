@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 
 import attrs
 import torch
+from torch import Tensor
 
 from verispec.core.notices import waiting
 from verispec.core.tree import DraftTree
@@ -419,13 +420,9 @@ class FastModel(TreeSequenceModel):
         )
 
     def _feed(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        visible: int,
-        local_mask: torch.Tensor | None,
+        self, tokens: Tensor, positions: Tensor, visible: int, local_mask: Tensor | None,
         keep_rows: int | None,
-    ) -> torch.Tensor:
+    ) -> Tensor:  # fmt: skip
         """See :meth:`TreeSequenceModel._feed`. A long causal pass runs in chunks."""
         queries = tokens.numel()
         if queries == 0:  # nothing to feed (extend_from == N)
@@ -445,15 +442,9 @@ class FastModel(TreeSequenceModel):
 
     @torch.no_grad()  # not inference_mode: callers may modify the logits in place
     def _feed_once(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        visible: int,
-        local_mask: torch.Tensor,
-        keep_rows: int | None,
-        *,
-        prompt: bool = False,
-    ) -> torch.Tensor:
+        self, tokens: Tensor, positions: Tensor, visible: int, local_mask: Tensor,
+        keep_rows: int | None, *, prompt: bool = False,
+    ) -> Tensor:  # fmt: skip
         """One pass; ``prompt``: a prefill chunk, run eagerly as a ``PassKind.PROMPT`` pass
         (:class:`~verispec.models.llama.PassKind`); any other pass is a tree pass."""
         queries, width = local_mask.shape

@@ -46,6 +46,7 @@ from typing import ClassVar
 
 import numpy as np
 import torch
+from torch import Generator, Tensor
 
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import Deterministic, DraftTree
@@ -175,14 +176,9 @@ class Coupled:
         return f"Coupled(fallback={self.fallback!r}, dtype={self.dtype})"
 
     def verify(
-        self,
-        tree: DraftTree,
-        target_logits: torch.Tensor,
-        sampling: SamplingParams,
-        generator: torch.Generator,
-        *,
-        position: int | None = None,
-    ) -> Verdict:
+        self, tree: DraftTree, target_logits: Tensor, sampling: SamplingParams,
+        generator: Generator, *, position: int | None = None,
+    ) -> Verdict:  # fmt: skip
         """Keep the path of candidates equal to the target's seeded draws.
 
         Args:

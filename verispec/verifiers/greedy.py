@@ -14,7 +14,7 @@ only of the rows the walk visits).
 
 from __future__ import annotations
 
-import torch
+from torch import Generator, Tensor
 
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
@@ -46,12 +46,9 @@ class Greedy:
         return f"Greedy(kernels={self.kernels!r})"
 
     def verify(
-        self,
-        tree: DraftTree,
-        target_logits: torch.Tensor,
-        sampling: SamplingParams | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Verdict:
+        self, tree: DraftTree, target_logits: Tensor, sampling: SamplingParams | None = None,
+        generator: Generator | None = None,
+    ) -> Verdict:  # fmt: skip
         """Args:
         tree: the draft tree.
         target_logits: float, Shape: (N + 1, V). Row 0 the root, row i + 1 node i.

@@ -33,6 +33,7 @@ Shape glossary (docs/glossary): N tree nodes, V vocabulary.
 from __future__ import annotations
 
 import torch
+from torch import Generator, Tensor
 
 from verispec.core.sampling import SamplingParams
 from verispec.core.tree import DraftTree
@@ -77,11 +78,7 @@ class RecursiveRejection:
         return f"RecursiveRejection(residual_dtype={self.residual_dtype}, kernels={self.kernels!r})"
 
     def verify(
-        self,
-        tree: DraftTree,
-        target_logits: torch.Tensor,
-        sampling: SamplingParams,
-        generator: torch.Generator,
+        self, tree: DraftTree, target_logits: Tensor, sampling: SamplingParams, generator: Generator
     ) -> Verdict:
         """Keep one root-to-node path of ``tree`` and draw the extra token.
 
