@@ -24,6 +24,7 @@ from verispec.kernels.cpu.features import cpu_flags
 from verispec.models import FastModel, tiny_model
 from verispec.models.accelerators import blocks as cpu_linear
 from verispec.models.accelerators.blocks import (
+    BLOCK_FORMATS,
     BlockLinear,
     kernel_status,
     quantize_blocks,
@@ -64,11 +65,28 @@ def test_recovered_blocks_widen_to_the_matrix_bit_for_bit(fmt: str) -> None:
         assert torch.equal(block.dequantized(), linear.weight)
 
 
+def test_q4_0_matrices_are_read_as_the_q4_1_blocks_they_are() -> None:
+    """A matrix rounded to Q4_0 (``w = (q - 8) d``; query-row style scale included) is not
+    Q4_1 by the Q4_1 rule, but is found as Q4_0 and held as Q4_1 blocks with ``m = -8 d``,
+    whose widening gives back every float32 bit."""
+    linear = _linear(96, 256, "q4_0")
+    with torch.no_grad():
+        linear.weight[:32] *= 0.125
+    weight = linear.weight.detach()
+    assert recover_blocks(weight, "q4_1") is None
+    assert recover_blocks(weight, "q8_0") is None
+    block = BlockLinear.from_linear(linear, BLOCK_FORMATS)
+    assert block is not None and block.fmt == "q4_1"
+    if available:
+        assert torch.equal(block.dequantized(), weight)
+
+
 def test_a_matrix_that_is_not_blocks_is_refused() -> None:
     """Random float32 weights, a width not a multiple of 32 and non-finite values are not
     blocks: recover_blocks says so instead of approximating."""
     assert recover_blocks(_linear(8, 64, None).weight.detach(), "q4_1") is None
     assert recover_blocks(_linear(8, 64, None).weight.detach(), "q8_0") is None
+    assert recover_blocks(_linear(8, 64, None).weight.detach(), "q4_0") is None
     assert recover_blocks(torch.zeros(4, 48), "q4_1") is None
     weight = quantize_blocks(_linear(4, 64, None).weight.detach(), "q4_1")
     weight[0, 0] = float("nan")
@@ -81,7 +99,7 @@ def test_quantize_blocks_names_a_bad_matrix() -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q4_0", "q8_0"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_block_product_equals_its_float32_twin_bit_for_bit(fmt: str, bias: bool) -> None:
     """The block product equals the kernel's float32 product on the widened matrix bit for bit
@@ -182,6 +200,28 @@ def test_q4_1_model_reads_every_matrix_as_blocks() -> None:
 
 
 @needs_kernel
+@needs_kernel
+@pytest.mark.parametrize("arithmetic", ["exact", "int8"])
+def test_a_q4_0_model_runs_on_blocks_with_sequential_tree_rows(arithmetic: str) -> None:
+    """A model whose every matrix is Q4_0 (as llama.cpp's Q4_0 files hold them, the head
+    too) runs every product on the block kernel, the layers in C, in either arithmetic; its
+    tree rows equal decoding their paths one token at a time, bit for bit."""
+    hf = tiny_model("llama", vocab_size=V, seed=5, dtype=torch.float32, hidden_size=64).hf_model
+    with torch.no_grad():
+        for linear in hf.modules():
+            if isinstance(linear, nn.Linear):
+                linear.weight.copy_(quantize_blocks(linear.weight, "q4_0"))
+    model = FastModel(hf, dtype="auto", arithmetic=arithmetic)
+    ints = "+int8 products" if arithmetic == "int8" else ""
+    assert model.runtime == f"eager+GGUF blocks{ints}+C layers"
+    linears = [m for m in model.transformer.modules() if isinstance(m, nn.Linear | BlockLinear)]
+    assert linears and all(isinstance(m, BlockLinear) and m.fmt == "q4_1" for m in linears)
+    prompt = [5, 6, 7, 8]
+    tree = DraftTree.from_parents(torch.tensor([9, 10, 11, 12, 13]), [-1, 0, 1, -1, 3])
+    model.prefill(torch.tensor(prompt))
+    assert torch.equal(model.forward_tree(tree), tree_reference(model, prompt, tree))
+
+
 @pytest.mark.parametrize("attention", ["auto", "torch"])
 @settings(max_examples=15, deadline=None)
 @given(prompt=st.lists(st.integers(0, V - 1), min_size=1, max_size=8), tree=draft_trees(V, 14))

@@ -29,8 +29,8 @@ def argmax_one(scores: torch.Tensor) -> int:
     """``int(scores.argmax())`` of one row: the first maximum (a NaN counts as the maximum).
 
     A float32, float64 or float16 row on the CPU is scanned by NumPy's vectorised argmax,
-    the same index as ``torch.argmax`` at about a tenth of its cost at V = 49,152 (10 against
-    125 us on the AVX2 CPU: verification's one argmax per plain step); other rows by torch.
+    the same index as ``torch.argmax`` at a fraction of its cost at V = 49,152
+    (verification's one argmax per plain step); other rows by torch.
 
     Args:
         scores: float, Shape: (V,).

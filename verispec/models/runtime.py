@@ -143,11 +143,12 @@ class FastModel(TreeSequenceModel):
             no one else holds the model: the runtime's copies are all it needs (about
             510 MiB less resident memory for SmolLM2 in float32).
         weights: how the CPU products read float32 weights. ``"auto"`` (default): every
-            matrix that is exactly a GGUF low-bit block format (a model dequantized from a
-            GGUF file, as the embedded SmolLM2) is read as those blocks by verispec's CPU
-            kernel (:mod:`verispec.models.accelerators.blocks`): the same weights, bit for bit, at
-            a sixth of the bytes; the others as ``"dense"``. ``"blocks"``: the same, but
-            an error if the kernel cannot run or a matrix is not exactly blocks.
+            matrix that is exactly a GGUF low-bit block format (Q4_1, Q4_0, Q8_0: a model
+            dequantized from a GGUF file, as the embedded SmolLM2) is read as those blocks
+            by verispec's CPU kernel (:mod:`verispec.models.accelerators.blocks`): the same
+            weights, bit for bit, at a sixth of the bytes; the others as ``"dense"``.
+            ``"blocks"``: the same, but an error if the kernel cannot run or a matrix is not
+            exactly blocks.
             ``"dense"``: float32 matrices (oneDNN when prepacked). ``"q4_1"``: round the
             projections to Q4_1 and the LM head to Q8_0 first, as llama.cpp's Q4_1 files
             hold them, then read them as blocks: a *different model* (4-bit weights), for
@@ -170,8 +171,8 @@ class FastModel(TreeSequenceModel):
             and multiplied by the weights' codes in integer instructions
             (``kernels/cpu/int8.c``), the LM head and the prompt pass included: a *different
             model*, the one llama.cpp computes, whose tree rows cost less than float32
-            ones (figures: docs/benchmarks.rst). Matrices that are exactly Q4_1 or Q8_0
-            blocks keep their codes; any other (a dense model) is rounded to Q8_0 blocks at
+            ones (figures: docs/benchmarks.rst). Matrices that are exactly Q4_1, Q4_0 or
+            Q8_0 blocks keep their codes; any other (a dense model) is rounded to Q8_0 blocks at
             load. Needs the CPU kernel, float32
             (``dtype`` float32 or ``"auto"``) and ``weights`` other than ``"dense"``.
             Speculative decoding is exact with respect to this model: every method's

@@ -82,7 +82,7 @@ def add_model_options(parser: argparse.ArgumentParser, threads: int | None = Non
         choices=WEIGHTS,
         default="auto",
         help="how the fast runtime's CPU products read float32 weights: auto (default) = "
-        "GGUF Q4_1/Q8_0 blocks where the weights are exactly such blocks (the embedded "
+        "GGUF Q4_1/Q4_0/Q8_0 blocks where the weights are exactly such blocks (the embedded "
         "SmolLM2: the same model at a sixth of the bytes), else dense; blocks = that or an "
         "error; dense = float32 matrices (oneDNN); q4_1 = round to 4-bit blocks first (a "
         "different model, as llama.cpp's Q4_1 files)",

@@ -5,7 +5,7 @@ imports none of these modules. Each implements :class:`~.base.Accelerator` and i
 the model once, when :class:`~verispec.models.runtime.FastModel` is built
 (:func:`~.registry.accelerate`, in the order of :data:`~.registry.ACCELERATORS`):
 
-* :mod:`.blocks`: the block products of GGUF Q4_1/Q8_0 weights, float32 or integer
+* :mod:`.blocks`: the block products of GGUF Q4_1, Q4_0 and Q8_0 weights, float32 or integer
   (``arithmetic="int8"``), on the C kernels of :mod:`verispec.kernels.cpu`;
 * :mod:`.onednn`: the other weights prepacked for oneDNN;
 * :mod:`.compiled` and :mod:`.graphs`: the forward compiled, or replayed from CUDA graphs,

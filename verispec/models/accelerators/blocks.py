@@ -50,7 +50,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ARITHMETICS",
+    "BLOCK_FORMATS",
     "FORMATS",
+    "HEAD_FORMATS",
     "INT8_KINDS",
     "INT8_PATHS",
     "BlockLinear",
@@ -68,7 +70,7 @@ __all__ = [
     "source_id",
 ]
 
-Format = Literal["float32", "q4_1", "q8_0"]
+Format = Literal["float32", "q4_0", "q4_1", "q8_0"]
 FORMATS: dict[str, int] = {"float32": 0, "q4_1": 1, "q8_0": 2}
 """The weight formats the kernel reads, by name, with the C code's number for each."""
 ARITHMETICS = ("exact", "int8")
@@ -77,6 +79,11 @@ to float32 and sums in float32 (the model unchanged); ``"int8"`` multiplies the 
 by 8-bit codes of the activations in integer instructions (``kernels/cpu/int8.c``): a different
 model, the one llama.cpp computes (docs/runtime.rst, "Integer arithmetic")."""
 INT8_KINDS: dict[str, int] = {"q4_1": 3, "q8_0": 4}
+BLOCK_FORMATS: tuple[Format, ...] = ("q4_1", "q4_0", "q8_0")
+"""The GGUF block formats a projection is read as, in the order tried (a Q4_0 matrix is
+held as Q4_1 blocks with ``m = -8 d``)."""
+HEAD_FORMATS: tuple[Format, ...] = ("q8_0", "q4_1", "q4_0")
+"""The same for the LM head (GGUF files store embeddings as Q8_0 most often)."""
 """The C code's number for each format multiplied in integers (weights in panels of 8 rows)."""
 INT8_PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
 """The integer kernel's instruction paths, by the C code's number (``vs_int8_paths``)."""
@@ -161,13 +168,16 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
 
     Args:
         weight: float32, Shape: (N, K), K a multiple of 32.
-        fmt: ``"q4_1"`` (``w = q * d + m``, ``q`` in 0..15) or ``"q8_0"`` (``w = q * d``,
-            ``q`` in -127..127), per 32 consecutive weights of a row.
+        fmt: ``"q4_1"`` (``w = q * d + m``, ``q`` in 0..15), ``"q4_0"`` (``w = (q - 8) * d``,
+            ``q`` in 0..15) or ``"q8_0"`` (``w = q * d``, ``q`` in -127..127), per 32
+            consecutive weights of a row.
 
     Returns:
         uint8, Shape: (N, K / 32 * block bytes): the packed blocks as ``kernels/cpu/linear.c``
         reads them, or ``None`` if some block has no such form (a matrix that was not
-        dequantized from that format).
+        dequantized from that format). Q4_0 blocks are packed as the Q4_1 blocks they are
+        (``m = -8 d``: ``q * d`` and its sum with ``m`` are exact in float32, so they widen
+        to the same bits), read by the Q4_1 kernels.
 
     The scale of each block is found from its extremes, to a few float32 ulps (the exact
     one was rounded through float16 and, for the query rows, scaled by a power of two),
@@ -177,12 +187,17 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % _BLOCK:
         return None
     rows, cols = weight.shape
+    if rows > 1 and recover_blocks(weight[:1], fmt) is None:
+        return None  # the first row is not: a cheap no for a matrix of another format
     blocks = weight.detach().reshape(rows, cols // _BLOCK, _BLOCK)
     if not torch.isfinite(blocks).all():
         return None
     if fmt == "q4_1":
         low, levels = blocks.amin(-1, keepdim=True), 15
         top = blocks.amax(-1, keepdim=True)
+    elif fmt == "q4_0":  # the largest magnitude is code 0: -8 d (llama.cpp's rounding)
+        extreme = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
+        low, top, levels = torch.zeros_like(extreme), -extreme, 8
     else:
         low, levels = torch.zeros_like(blocks[..., :1]), 127
         top = blocks.abs().amax(-1, keepdim=True)
@@ -195,10 +210,12 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
     for steps in (0, 1, -1, 2, -2, 3, -3, 4, -4):
         candidate = _nudged(estimate[open_], steps)
         safe = torch.where(candidate == 0, torch.ones_like(candidate), candidate)
+        if fmt == "q4_0":  # as Q4_1: codes 0..15 over m = -8 d
+            low[open_] = -8 * candidate
         q = torch.round((blocks[open_] - low[open_]) / safe)  # constant blocks: q = 0
-        q = q.clamp(0, levels) if fmt == "q4_1" else q.clamp(-levels, levels)
+        q = q.clamp(-levels, levels) if fmt == "q8_0" else q.clamp(0, 15)
         product = q * candidate
-        widened = product + low[open_] if fmt == "q4_1" else product
+        widened = product if fmt == "q8_0" else product + low[open_]
         # ... and the code times the scale exact in float32, so that the kernel's fused
         # ``q * d + m`` (one rounding) widens to the same bits as this (two roundings).
         exact = (widened == blocks[open_]).all(-1) & (
@@ -213,7 +230,7 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
     scale = scale.reshape(rows, -1, 1)
     low, codes = low.reshape(rows, -1, 1), codes.reshape(rows, -1, _BLOCK)
     as_bytes = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731  (float32 -> 4 bytes)
-    if fmt == "q4_1":
+    if fmt in ("q4_0", "q4_1"):
         nibbles = codes.to(torch.uint8)
         packed = nibbles[..., :16] | (nibbles[..., 16:] << 4)
         parts = [as_bytes(scale), as_bytes(low), packed]
@@ -226,8 +243,10 @@ def quantize_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor:
     """``weight`` rounded to the nearest values of ``fmt`` blocks, as llama.cpp quantizes.
 
     Q4_1: per 32 weights, ``m`` = the minimum and ``d`` = (maximum - minimum) / 15, both
-    rounded to float16, ``q = round((w - m) / d)`` clamped to 0..15. Q8_0: ``d`` = the
-    largest magnitude / 127 in float16, ``q = round(w / d)``. Returns float32 of the same
+    rounded to float16, ``q = round((w - m) / d)`` clamped to 0..15. Q4_0: ``d`` = -(the
+    weight of largest magnitude) / 8 in float16, ``q = round(w / d) + 8`` clamped to 0..15,
+    ``w = (q - 8) d``. Q8_0: ``d`` = the largest magnitude / 127 in float16,
+    ``q = round(w / d)``. Returns float32 of the same
     shape, every value ``q * d + m`` (:func:`recover_blocks` finds the blocks back): a
     different model from ``weight``, the one a GGUF file of that format holds.
 
@@ -245,6 +264,11 @@ def quantize_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor:
         scale = ((blocks.amax(-1, keepdim=True) - low) / 15).half().float()
         q = torch.round((blocks - low) / torch.where(scale == 0, 1.0, scale)).clamp(0, 15)
         widened = q * scale + low
+    elif fmt == "q4_0":
+        extreme = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
+        scale = (extreme / -8).half().float()
+        q = (torch.round(blocks / torch.where(scale == 0, 1.0, scale)) + 8).clamp(0, 15)
+        widened = (q - 8) * scale
     else:
         scale = (blocks.abs().amax(-1, keepdim=True) / 127).half().float()
         q = torch.round(blocks / torch.where(scale == 0, 1.0, scale)).clamp(-127, 127)
@@ -254,13 +278,13 @@ def quantize_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor:
 
 def holds_blocks(model: nn.Module) -> bool:
     """Whether the block kernel runs here and ``model``'s first ``nn.Linear`` (CPU, float32)
-    is exactly Q4_1 or Q8_0 blocks: a GGUF file's weights, dequantized. Then float32 reads
-    the file's blocks (:func:`~verispec.kernels.dtypes.auto_dtype`)."""
+    is exactly Q4_1, Q4_0 or Q8_0 blocks: a GGUF file's weights, dequantized. Then float32
+    reads the file's blocks (:func:`~verispec.kernels.dtypes.auto_dtype`)."""
     first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
     if first is None or first.weight.device.type != "cpu" or not kernel_status()[0]:
         return False
     weight = first.weight.detach()
-    return any(recover_blocks(weight, fmt) is not None for fmt in ("q4_1", "q8_0"))
+    return any(recover_blocks(weight, fmt) is not None for fmt in BLOCK_FORMATS)
 
 
 # -- integer arithmetic ------------------------------------------------------------------
@@ -458,18 +482,19 @@ class BlockLinear(nn.Module):
     def from_linear(
         cls, linear: nn.Linear, formats: tuple[Format, ...], arithmetic: str = "exact"
     ) -> BlockLinear | None:
-        """The first of ``formats`` that holds ``linear``'s weight exactly, or ``None``."""
+        """The first of ``formats`` that holds ``linear``'s weight exactly, or ``None`` (Q4_0
+        blocks are held as the Q4_1 blocks they are: :func:`recover_blocks`)."""
         weight = linear.weight.detach()
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return None
         for fmt in formats:
-            if arithmetic == "int8" and fmt not in INT8_KINDS:
+            layout: Format = "q4_1" if fmt == "q4_0" else fmt
+            if arithmetic == "int8" and layout not in INT8_KINDS:
                 continue
             blocks = weight.contiguous() if fmt == "float32" else recover_blocks(weight, fmt)
             if blocks is not None and weight.shape[1] % _BLOCK == 0:
-                return cls(
-                    fmt, blocks, linear.in_features, linear.out_features, linear.bias, arithmetic
-                )
+                features = (linear.in_features, linear.out_features)
+                return cls(layout, blocks, *features, linear.bias, arithmetic)
         return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -565,8 +590,8 @@ class BlockProducts(Accelerator):
             nonlocal count
             for name, child in module.named_children():
                 if isinstance(child, nn.Linear):
-                    formats: tuple[Format, Format] = (
-                        ("q8_0", "q4_1") if child is model.output else ("q4_1", "q8_0")
+                    formats: tuple[Format, ...] = (
+                        HEAD_FORMATS if child is model.output else BLOCK_FORMATS
                     )
                     if weights == "q4_1":
                         with torch.no_grad():  # the head's weight is the embedding's: rounded
@@ -589,7 +614,7 @@ class BlockProducts(Accelerator):
         if refused and (weights != "auto" or arithmetic == "int8"):
             raise ConfigError(
                 f"`weights={weights!r}`, `arithmetic={arithmetic!r}`: {len(refused)} matrices "
-                f"(e.g. {refused[0]}) are not exactly Q4_1 or Q8_0 blocks (a width not a "
+                f"(e.g. {refused[0]}) are not exactly Q4_1, Q4_0 or Q8_0 blocks (a width not a "
                 f"multiple of 32?); use weights='auto' or 'dense' with arithmetic='exact'."
             )
         return cls(count, arithmetic) if count else None
