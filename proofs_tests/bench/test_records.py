@@ -270,7 +270,7 @@ def test_killed_bench_keeps_its_answers_and_resumes_to_the_same_report(
     questions = tmp_path / "q.jsonl"
     questions.write_text("".join(json.dumps(q) + "\n" for q in _QUESTIONS))
     args = ["bench", "--model", "tiny", "--threads", "1", "--questions", str(questions),
-            "--limit", "2", "--max-new-tokens", "24", "--no-progress", "--temperature", "0.7",
+            "--limit", "2", "--max-new-tokens", "12", "--no-progress", "--temperature", "0.7",
             "--top-p", "0.9", "--methods", "ar,pld:max=10,tr:template=8,dtr:budget=16"]  # fmt: skip
     killed, whole = tmp_path / "killed.json", tmp_path / "whole.json"
     records = default_records_path(killed)

@@ -439,19 +439,22 @@ def test_unsupported_model_falls_back_to_the_adapter() -> None:
 
 
 @pytest.fixture(scope="module")
-def smollm2_hf() -> tuple[object, object]:
-    from verispec.models import load_default_model
-
-    model, tokenizer = load_default_model(runtime="hf")
-    return model.hf_model, tokenizer
+def smollm2(default_model: tuple) -> tuple[FastModel, object]:
+    """The session's SmolLM2 (conftest.py): ``load_default_model()``'s float32 runtime,
+    which is ``FastModel(hf_model, dtype=torch.float32)`` on the transformers model it
+    keeps, loaded once per worker instead of a second load here."""
+    model, tokenizer = default_model
+    assert isinstance(model, FastModel) and model.dtype == torch.float32, model
+    return model, tokenizer
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_equals_generate(smollm2_hf: tuple) -> None:
+def test_smollm2_greedy_equals_generate(smollm2: tuple) -> None:
     """On SmolLM2 in float32 the runtime's greedy decoding equals transformers' generate, token
     for token, for 3 prompts x 32 tokens."""
-    hf_model, tokenizer = smollm2_hf
-    decoder = SpeculativeDecoder(FastModel(hf_model), None, Greedy())
+    runtime, tokenizer = smollm2
+    hf_model = runtime.hf_model
+    decoder = SpeculativeDecoder(runtime, None, Greedy())
     for prompt in ("What is the capital of France?", "Write a haiku.", "def fibonacci(n):"):
         ids = tokenizer.encode(prompt)
         with torch.no_grad():
@@ -467,7 +470,7 @@ def test_smollm2_greedy_equals_generate(smollm2_hf: tuple) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", _invariant_dtypes(), ids=str)
-def test_smollm2_drafters_token_identical_to_ar(smollm2_hf: tuple, dtype: torch.dtype) -> None:
+def test_smollm2_drafters_token_identical_to_ar(smollm2: tuple, dtype: torch.dtype) -> None:
     """On SmolLM2, at float32 and at bfloat16 (where native), Token Recycling, dynamic Token
     Recycling and prompt lookup generate exactly the runtime's own greedy tokens (at most 48
     tokens, 4 prompts: two short ones, two whose generation crosses cache slot 128 and 256),
@@ -475,8 +478,9 @@ def test_smollm2_drafters_token_identical_to_ar(smollm2_hf: tuple, dtype: torch.
     on the wall clock and may send no tree on a loaded machine (their exactness: test_gate)."""
     from verispec.drafters import DynamicTokenRecycling, PromptLookup, TokenRecycling
 
-    hf_model, tokenizer = smollm2_hf
-    model = FastModel(hf_model, dtype=dtype)
+    runtime, tokenizer = smollm2
+    # float32: the session's runtime is that model (the fixture checks it); else built here
+    model = runtime if dtype == runtime.dtype else FastModel(runtime.hf_model, dtype=dtype)
     if not model.row_invariant:
         pytest.skip(f"this machine's {dtype} kernels are not row-invariant (see docs/runtime)")
     drafters = [TokenRecycling("16"), DynamicTokenRecycling(8), PromptLookup(max_tokens=10)]
