@@ -360,3 +360,37 @@ def test_a_damaged_converted_copy_is_converted_again(
     assert isinstance(model, FastModel) and len(tokenizer) == 258
     assert conversions == [gguf]
     assert f"converting `{gguf}` again" in capsys.readouterr().err
+
+
+def test_a_gguf_files_matrix_formats_are_counted_from_its_header(tmp_path: Path) -> None:
+    """matrix_formats counts the file's matrices (two dimensions or more) by GGUF type, and
+    leaves out vectors (norms)."""
+    from verispec.models.gguf import matrix_formats
+
+    assert matrix_formats(_small_gguf(tmp_path / "small.gguf")) == {"F32": 1, "Q8_0": 1}
+
+
+def test_the_target_line_names_the_products_that_run_dense() -> None:
+    """A model loaded from a GGUF file whose matrices are not all blocks says, on its target
+    line, how many products run as dense float32 and which of the file's formats have no
+    block kernel; a file whose every matrix is blocks adds nothing."""
+    from torch import nn
+
+    from verispec.models import FastModel, tiny_model
+    from verispec.models.accelerators.blocks import kernel_status, quantize_blocks
+    from verispec.models.invariance import RowProduct
+    from verispec.models.loading import _dense_note
+
+    hf = tiny_model("llama", vocab_size=64, seed=2, dtype=torch.float32, hidden_size=64).hf_model
+    with torch.no_grad():
+        for linear in hf.modules():
+            if isinstance(linear, nn.Linear):
+                linear.weight.copy_(quantize_blocks(linear.weight, "q4_1"))
+    formats = {"Q4_1": 8, "Q8_0": 1}
+    blocks = FastModel(hf, dtype=torch.float32)
+    n = len([m for m in blocks.transformer.modules() if isinstance(m, nn.Linear | RowProduct)])
+    everything_dense = f"; {n} of {n} products run as dense float32"
+    assert _dense_note(blocks, formats) == ("" if kernel_status()[0] else everything_dense)
+    dense = FastModel(hf, dtype=torch.float32, weights="dense")
+    note = _dense_note(dense, {**formats, "Q6_K": 1, "Q4_K": 2})
+    assert note == everything_dense + " (the file's Q4_K, Q6_K matrices have no block kernel)"

@@ -310,3 +310,16 @@ def _layout_problem(cursor: _Cursor) -> str | None:
         f"to byte {end} ({len(cut)} of the {len(described)} tensors' data do); copy or "
         "download the file again."
     )
+
+
+def matrix_formats(gguf: Path) -> dict[str, int]:
+    """How many of the file's matrices (tensors of two or more dimensions) each GGUF type
+    holds, by the type's name (``{"Q4_K": 120, "Q6_K": 31, "Q8_0": 1}``), from its header."""
+    from gguf import GGUFReader
+
+    counts: dict[str, int] = {}
+    for tensor in GGUFReader(str(gguf)).tensors:
+        if len(tensor.shape) >= 2:
+            name = tensor.tensor_type.name
+            counts[name] = counts.get(name, 0) + 1
+    return counts

@@ -25,13 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from verispec.core import paths
 from verispec.core.notices import notice
 from verispec.errors import ConfigError, ModelFileError
 from verispec.kernels.dtypes import auto_dtype
 from verispec.models import gguf
-from verispec.models.accelerators.blocks import holds_blocks, kernel_status
+from verispec.models.accelerators.blocks import BlockLinear, holds_blocks, kernel_status
+from verispec.models.invariance import RowProduct
 from verispec.models.target import DType, Runtime, check_dtype, check_runtime, make_target
 
 __all__ = ["check_model", "load_model", "model_source"]
@@ -201,7 +203,28 @@ def load_model(
         weights=weights,
         arithmetic=arithmetic,
     )
+    if kind == "gguf":
+        model.runtime_note += _dense_note(model, gguf.matrix_formats(Path(path)))
     kept = getattr(model, "hf_model", None)  # None where keep_source=False dropped it
     if kept is not None and max_length is not None:
         setattr(kept, MAX_LENGTH_ATTRIBUTE, max_length)
     return model, loaded_tokenizer
+
+
+def _dense_note(model: Any, formats: dict[str, int]) -> str:
+    """What the target line adds for a GGUF file whose matrices do not all run on the block
+    kernels: how many run as dense products, and the file's formats that have no block
+    kernel (K-quants, 5-bit formats...); ``""`` when every matrix reads its blocks."""
+    transformer = getattr(model, "transformer", None)
+    if transformer is None:
+        return ""  # the HF adapter: every product is transformers' own
+    products = [m for m in transformer.modules() if isinstance(m, nn.Linear | RowProduct)]
+    dense = [m for m in products if not isinstance(m, BlockLinear)]
+    if not dense:
+        return ""
+    others = sorted(f for f in formats if f not in _READ_AS_BLOCKS)
+    named = f" (the file's {', '.join(others)} matrices have no block kernel)" if others else ""
+    return f"; {len(dense)} of {len(products)} products run as dense float32{named}"
+
+
+_READ_AS_BLOCKS = {"Q4_0", "Q4_1", "Q8_0", "F32"}  # GGUF types the block kernels read
