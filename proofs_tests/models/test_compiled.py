@@ -1,4 +1,4 @@
-"""Tests of verispec/models/_compiled.py: the runtime compiled per tree-size bucket.
+"""Tests of verispec/models/accelerators/compiled.py: the runtime compiled per tree-size bucket.
 
 Compiling costs tens of seconds per graph on a small CPU, so these tests compile only the
 buckets they use (2 and 8), on a tiny float32 model.

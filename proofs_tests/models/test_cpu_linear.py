@@ -369,9 +369,9 @@ def test_a_prefill_skips_the_last_layers_rows_and_caches_the_same_bits(
     skipped = [(k.clone(), v.clone()) for k, v in model.kv_cache()]
     ran = {"blocks": 0}
 
-    def full_pass(self, x, inputs):  # type: ignore[no-untyped-def]
+    def full_pass(self, x, inputs, p):  # type: ignore[no-untyped-def]
         ran["blocks"] += 1
-        return self._blocks(x, inputs)[:0]
+        return self._blocks(x, inputs, p)[:0]
 
     monkeypatch.setattr(Transformer, "_write_caches", full_pass)
     model.prefill(prompt)

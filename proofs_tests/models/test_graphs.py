@@ -1,4 +1,5 @@
-"""Tests of verispec/models/_graphs.py: the CUDA-graph path's static buffers and attention.
+"""Tests of verispec/models/accelerators/graphs.py: the CUDA-graph path's static buffers and
+attention.
 
 Without a GPU the wrapper runs its static-buffer path without capturing (``capture=False``):
 the same buffers, the same :func:`~verispec.models.attention.attend_static` over the whole cache,

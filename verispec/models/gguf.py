@@ -314,11 +314,17 @@ def _layout_problem(cursor: _Cursor) -> str | None:
 
 def matrix_formats(gguf: Path) -> dict[str, int]:
     """How many of the file's matrices (tensors of two or more dimensions) each GGUF type
-    holds, by the type's name (``{"Q4_K": 120, "Q6_K": 31, "Q8_0": 1}``), from its header."""
+    holds, by the type's name (``{"Q4_K": 120, "Q6_K": 31, "Q8_0": 1}``), from its header;
+    ``{}`` where the gguf package cannot read the header (the file changed since it was
+    converted: the counts only annotate the target line)."""
     from gguf import GGUFReader
 
+    try:
+        tensors = GGUFReader(str(gguf)).tensors
+    except (ValueError, OSError, struct.error, KeyError):  # GGUFReader's ways of refusing
+        return {}
     counts: dict[str, int] = {}
-    for tensor in GGUFReader(str(gguf)).tensors:
+    for tensor in tensors:
         if len(tensor.shape) >= 2:
             name = tensor.tensor_type.name
             counts[name] = counts.get(name, 0) + 1

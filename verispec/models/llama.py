@@ -328,15 +328,23 @@ class Transformer(nn.Module):
         x = self.tok_embeddings(p.tokens).to(self.compute_dtype)  # (Q, E)
         cos, sin = self.rope_cos[p.positions], self.rope_sin[p.positions]
         inputs = PassInputs(cos, sin, p.where, p.local_mask, kind)
+        return self._write_caches(x, inputs, p) if cache_only else self._blocks(x, inputs, p)
+
+    def _blocks(self, x: torch.Tensor, inputs: PassInputs, p: Pass) -> torch.Tensor:
+        """The pass's decoder layers one module at a time, then the final norm."""
         blocks = self.blocks if p.layers is None else [self.blocks[i] for i in p.layers]
-        if cache_only:  # the last layer writes only its keys and values: nobody reads its rows
-            for block, cache in zip(blocks[:-1], p.caches[:-1], strict=True):
-                x = block(x, inputs, cache)
-            blocks[-1].write_cache(x, inputs, p.caches[-1])
-            return x[:0]
         for block, cache in zip(blocks, p.caches, strict=True):
             x = block(x, inputs, cache)
         return self.norm(x)
+
+    def _write_caches(self, x: torch.Tensor, inputs: PassInputs, p: Pass) -> torch.Tensor:
+        """:meth:`_blocks` for a pass whose rows nobody reads: the last layer writes only its
+        keys and values (its output would feed nothing but the rows)."""
+        blocks = self.blocks if p.layers is None else [self.blocks[i] for i in p.layers]
+        for block, cache in zip(blocks[:-1], p.caches[:-1], strict=True):
+            x = block(x, inputs, cache)
+        blocks[-1].write_cache(x, inputs, p.caches[-1])
+        return x[:0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head: hidden Shape: (R, E) to logits Shape: (R, V), float32 or float64."""
