@@ -484,7 +484,7 @@ class FastModel(TreeSequenceModel):
         if rows == 0:
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
         # The head's rows: as many as its product's row invariance needs (invariance.py).
-        least = min_product_rows(self.transformer.output)
+        least = self._shared.head_rows
         first = max(0, min(queries - rows, padded - least))
         logits = self.transformer.logits(hidden[first : max(queries, first + least)])
         return logits[queries - rows - first : queries - first]
@@ -548,6 +548,10 @@ class _SharedRuntime:
     min_rows: int = attrs.field(
         init=False, default=attrs.Factory(_min_rows, takes_self=True)
     )  # tokens a pass runs on at least
+    head_rows: int = attrs.field(
+        init=False,
+        default=attrs.Factory(lambda s: min_product_rows(s.transformer.output), takes_self=True),
+    )  # rows the LM head's product runs on at least (invariance.py), read once
 
     def find(self, kind: type[_A]) -> _A | None:
         """The installed accelerator of class ``kind``, or ``None``."""

@@ -98,7 +98,7 @@ class GraphedForward(BucketedForward):
         return cls(model, compile=plan.compile)
 
     def run_bucket(self, p: Pass) -> torch.Tensor:
-        caches, layers = list(p.caches), p.layers
+        caches, layers = p.caches, p.layers
         key = (len(p.tokens), layers)
         entry = self._graphs.get(key) or _Graph(len(p.tokens), caches[0].k.device)
         self._graphs[key] = entry
@@ -123,7 +123,7 @@ class GraphedForward(BucketedForward):
                 self._capture(entry, caches, layers)
         return self.setup_s - before
 
-    def _run(self, entry: _Graph, caches: list[KVCache], layers: Any) -> torch.Tensor:
+    def _run(self, entry: _Graph, caches: Sequence[KVCache], layers: Any) -> torch.Tensor:
         start = time.perf_counter()
         out = self._forward(
             Pass(entry.tokens, entry.positions, caches, entry.start, entry.mask, layers)
@@ -132,7 +132,7 @@ class GraphedForward(BucketedForward):
             self.setup_s += time.perf_counter() - start
         return cast(torch.Tensor, out)
 
-    def _capture(self, entry: _Graph, caches: list[KVCache], layers: Any) -> None:
+    def _capture(self, entry: _Graph, caches: Sequence[KVCache], layers: Any) -> None:
         start = time.perf_counter()
         # The warm-up passes run with the buffers' inputs: they write slots
         # [start, start + size), exactly the slots the replay writes next; committed slots
