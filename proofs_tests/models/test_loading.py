@@ -363,8 +363,8 @@ def test_a_damaged_converted_copy_is_converted_again(
 
 
 def test_a_gguf_files_matrix_formats_are_counted_from_its_header(tmp_path: Path) -> None:
-    """matrix_formats counts the file's matrices (two dimensions or more) by GGUF type, and
-    leaves out vectors (norms)."""
+    """matrix_formats counts the file's matrices (two dimensions) by GGUF type, and leaves out
+    vectors (norms)."""
     from verispec.models.gguf import matrix_formats
 
     assert matrix_formats(_small_gguf(tmp_path / "small.gguf")) == {"F32": 1, "Q8_0": 1}
@@ -392,5 +392,5 @@ def test_the_target_line_names_the_products_that_run_dense() -> None:
     everything_dense = f"; {n} of {n} products run as dense float32"
     assert _dense_note(blocks, formats) == ("" if kernel_status()[0] else everything_dense)
     dense = FastModel(hf, dtype=torch.float32, weights="dense")
-    note = _dense_note(dense, {**formats, "Q6_K": 1, "Q4_K": 2})
-    assert note == everything_dense + " (the file's Q4_K, Q6_K matrices have no block kernel)"
+    note = _dense_note(dense, {**formats, "Q6_K": 1, "F16": 2, "IQ2_XXS": 1})
+    assert note == everything_dense + " (the file's F16, IQ2_XXS matrices have no block kernel)"

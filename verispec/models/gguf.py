@@ -27,12 +27,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import attrs
+import numpy as np
 import torch
 
 from verispec.core.notices import waiting
 from verispec.errors import DefaultModelUnavailableError, ModelFileError
 
-__all__ = ["CACHE_VERSION", "check_file", "convert", "converted_dir", "embedded_gguf"]
+__all__ = [
+    "CACHE_VERSION",
+    "TensorInfo",
+    "check_file",
+    "convert",
+    "converted_dir",
+    "embedded_gguf",
+    "matrices",
+    "matrix_formats",
+]
 
 CACHE_VERSION = 1
 """The layout version of the converted copies, part of their names: bump it when it changes."""
@@ -174,6 +185,7 @@ class _Cursor:
         self.data = data
         self.order = order  # "<" little-endian, ">" big-endian
         self.at = 0
+        self.where = ""  # what is being read, for the messages
 
     def skip(self, n: int) -> int:
         """Move past ``n`` bytes; returns where they start."""
@@ -246,62 +258,92 @@ def check_file(gguf: Path) -> None:
         raise ModelFileError(f"{what}: {problem}")
 
 
+@attrs.frozen
+class TensorInfo:
+    """One tensor as a GGUF file describes it.
+
+    Attributes:
+        name: its name in the file (``blk.0.attn_q.weight``).
+        shape: GGUF's ``ne``, the row length first.
+        kind: its ``GGMLQuantizationType`` number.
+        start: where its data starts in the file.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    kind: int
+    start: int
+
+
+def _layout(cursor: _Cursor) -> tuple[list[TensorInfo], str] | None:
+    """The tensors the file under ``cursor`` describes, and ``where`` the last read was;
+    ``None`` for a version or alignment this reader leaves to the ``gguf`` package.
+
+    Raises:
+        _CutShort, _Corrupt: with ``cursor.where`` naming what was being read.
+    """
+    cursor.where = "the header (magic, version, tensor and metadata counts)"
+    cursor.skip(4)  # b"GGUF", checked by the caller
+    version = cursor.uint(4)
+    if version & 0xFFFF == 0:  # a big-endian file (the gguf package's own test)
+        cursor.order = ">"
+        version = struct.unpack(">I", struct.pack("<I", version))[0]
+    if version not in _VERSIONS:
+        return None  # transformers' reader says which versions it reads
+    tensors, entries = cursor.uint(8), cursor.uint(8)
+    alignment = 32  # general.alignment's default
+    for i in range(entries):
+        cursor.where = f"metadata entry {i + 1} of {entries}"
+        key = cursor.string()
+        cursor.where += f" (`{key}`)"
+        kind = cursor.uint(4)
+        if key == "general.alignment" and kind == _UINT32:
+            alignment = cursor.uint(4)
+        else:
+            cursor.value(kind)
+    described = []
+    for i in range(tensors):
+        cursor.where = f"the description of tensor {i + 1} of {tensors}"
+        name = cursor.string()
+        cursor.where += f" (`{name}`)"
+        dims = cursor.uint(4)
+        if dims > _MAX_DIMS:
+            raise _Corrupt(f"has {dims} dimensions, more than GGUF's {_MAX_DIMS}")
+        shape = tuple(cursor.uint(8) for _ in range(dims))
+        kind, offset = cursor.uint(4), cursor.uint(8)
+        described.append(TensorInfo(name, shape, kind, offset))
+    if alignment == 0 or alignment & (alignment - 1):
+        return None  # transformers' reader says what alignments it takes
+    start = -(-cursor.at // alignment) * alignment  # the tensors' data, aligned
+    return [attrs.evolve(t, start=start + t.start) for t in described], cursor.where
+
+
 def _layout_problem(cursor: _Cursor) -> str | None:
     """What is wrong with the layout of the file under ``cursor``, or None."""
     size = len(cursor.data)
-    where = "the header (magic, version, tensor and metadata counts)"
     try:
-        cursor.skip(4)  # b"GGUF", checked by the caller
-        version = cursor.uint(4)
-        if version & 0xFFFF == 0:  # a big-endian file (the gguf package's own test)
-            cursor.order = ">"
-            version = struct.unpack(">I", struct.pack("<I", version))[0]
-        if version not in _VERSIONS:
-            return None  # transformers' reader says which versions it reads
-        tensors, entries = cursor.uint(8), cursor.uint(8)
-        alignment = 32  # general.alignment's default
-        for i in range(entries):
-            where = f"metadata entry {i + 1} of {entries}"
-            key = cursor.string()
-            where += f" (`{key}`)"
-            kind = cursor.uint(4)
-            if key == "general.alignment" and kind == _UINT32:
-                alignment = cursor.uint(4)
-            else:
-                cursor.value(kind)
-        described = []
-        for i in range(tensors):
-            where = f"the description of tensor {i + 1} of {tensors}"
-            name = cursor.string()
-            where += f" (`{name}`)"
-            dims = cursor.uint(4)
-            if dims > _MAX_DIMS:
-                raise _Corrupt(f"has {dims} dimensions, more than GGUF's {_MAX_DIMS}")
-            shape = [cursor.uint(8) for _ in range(dims)]
-            kind, offset = cursor.uint(4), cursor.uint(8)
-            described.append((offset, name, shape, kind))
+        layout = _layout(cursor)
     except _CutShort as short:
         least = "" if short.exact else " at least"
         return (
-            f"the file is cut short: {where} runs past the end of the file, to byte "
+            f"the file is cut short: {cursor.where} runs past the end of the file, to byte "
             f"{short.end}{least}; copy or download the file again."
         )
     except _Corrupt as corrupt:
-        return f"the file is corrupt: {where} {corrupt}."
-    if alignment == 0 or alignment & (alignment - 1):
-        return None  # transformers' reader says what alignments it takes
+        return f"the file is corrupt: {cursor.where} {corrupt}."
+    if layout is None:
+        return None
     from gguf.constants import GGML_QUANT_SIZES
 
     sizes = {int(kind): block for kind, block in GGML_QUANT_SIZES.items()}
-    start = -(-cursor.at // alignment) * alignment  # the tensors' data, aligned
-    cut = []
-    for offset, name, shape, kind in described:
-        if kind not in sizes:
+    described, cut = layout[0], []
+    for tensor in described:
+        if tensor.kind not in sizes:
             continue  # a type the gguf package does not know: left to its reader
-        elements, (block, block_bytes) = math.prod(shape), sizes[kind]
-        end = start + offset + elements // block * block_bytes
+        block, block_bytes = sizes[tensor.kind]
+        end = tensor.start + math.prod(tensor.shape) // block * block_bytes
         if end > size:
-            cut.append((offset, name, end))
+            cut.append((tensor.start, tensor.name, end))
     if not cut:
         return None
     _, name, end = min(cut)
@@ -312,20 +354,39 @@ def _layout_problem(cursor: _Cursor) -> str | None:
     )
 
 
-def matrix_formats(gguf: Path) -> dict[str, int]:
-    """How many of the file's matrices (tensors of two or more dimensions) each GGUF type
-    holds, by the type's name (``{"Q4_K": 120, "Q6_K": 31, "Q8_0": 1}``), from its header;
-    ``{}`` where the gguf package cannot read the header (the file changed since it was
-    converted: the counts only annotate the target line)."""
-    from gguf import GGUFReader
+def matrices(gguf: Path) -> list[tuple[TensorInfo, str, np.ndarray]]:
+    """Each matrix (tensor of two dimensions) of a GGUF file whose type the ``gguf`` package
+    knows: its description, its type's name (``"Q4_K"``) and its bytes as the file holds
+    them, uint8, Shape: (rows, row bytes), mapped from the file, not read. ``[]`` where the
+    layout cannot be read (:func:`check_file` says why)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    try:
-        tensors = GGUFReader(str(gguf)).tensors
-    except (ValueError, OSError, struct.error, KeyError):  # GGUFReader's ways of refusing
-        return {}
+    sizes = {int(kind): block for kind, block in GGML_QUANT_SIZES.items()}
+    with open(gguf, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        try:
+            layout = _layout(_Cursor(data, "<"))
+        except (_CutShort, _Corrupt):
+            return []
+    if layout is None:
+        return []
+    found: list[tuple[TensorInfo, str, np.ndarray]] = []
+    for tensor in layout[0]:
+        if len(tensor.shape) != 2 or tensor.kind not in sizes:
+            continue
+        block, block_bytes = sizes[tensor.kind]
+        cols, rows = tensor.shape
+        if cols % block or tensor.start + rows * cols // block * block_bytes > gguf.stat().st_size:
+            continue
+        raw = np.memmap(gguf, np.uint8, "r", tensor.start, (rows, cols // block * block_bytes))
+        found.append((tensor, GGMLQuantizationType(tensor.kind).name, raw))
+    return found
+
+
+def matrix_formats(gguf: Path) -> dict[str, int]:
+    """How many of the file's matrices (tensors of two dimensions) each GGUF type holds, by
+    the type's name (``{"Q4_K": 120, "Q6_K": 31, "Q8_0": 1}``), from its header; ``{}``
+    where the header cannot be read (the counts only annotate the target line)."""
     counts: dict[str, int] = {}
-    for tensor in tensors:
-        if len(tensor.shape) >= 2:
-            name = tensor.tensor_type.name
-            counts[name] = counts.get(name, 0) + 1
+    for _, name, _ in matrices(gguf):
+        counts[name] = counts.get(name, 0) + 1
     return counts

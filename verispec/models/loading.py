@@ -33,6 +33,8 @@ from verispec.errors import ConfigError, ModelFileError
 from verispec.kernels.dtypes import auto_dtype
 from verispec.models import gguf
 from verispec.models.accelerators.blocks import BlockLinear, holds_blocks, kernel_status
+from verispec.models.gguf_codes import DECODED
+from verispec.models.gguf_rows import holds_decoded
 from verispec.models.invariance import RowProduct
 from verispec.models.target import DType, Runtime, check_dtype, check_runtime, make_target
 
@@ -182,7 +184,10 @@ def load_model(
         hf_model = _read_causal_lm(source, dtype, what)
     hf_model = hf_model.to(device)
     if auto and dtype == torch.float32 and arithmetic == "exact":  # float32 where blocks are
-        dtype = auto_dtype(device, blocks=holds_blocks(hf_model))
+        blocks = holds_blocks(hf_model) or (
+            kind == "gguf" and kernel_status()[0] and holds_decoded(Path(path))
+        )
+        dtype = auto_dtype(device, blocks=blocks)
         if dtype != torch.float32:  # cast only then: `to` casts the buffers too
             hf_model = hf_model.to(dtype)
     tokenizer_source = Path(tokenizer).expanduser() if tokenizer is not None else source
@@ -202,6 +207,7 @@ def load_model(
         keep_source=keep_source,
         weights=weights,
         arithmetic=arithmetic,
+        gguf_file=Path(path).expanduser() if kind == "gguf" else None,
     )
     if kind == "gguf":
         model.runtime_note += _dense_note(model, gguf.matrix_formats(Path(path)))
@@ -227,4 +233,4 @@ def _dense_note(model: Any, formats: dict[str, int]) -> str:
     return f"; {len(dense)} of {len(products)} products run as dense float32{named}"
 
 
-_READ_AS_BLOCKS = {"Q4_0", "Q4_1", "Q8_0", "F32"}  # GGUF types the block kernels read
+_READ_AS_BLOCKS = {*DECODED, "F32"}  # GGUF types the block kernels read (F32: dense anyway)

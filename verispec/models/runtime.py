@@ -47,7 +47,9 @@ Shape glossary: N tree nodes, V vocabulary, Q fed tokens, E model width.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
@@ -75,6 +77,7 @@ from verispec.models.accelerators.c_layers import CLayers
 from verispec.models.accelerators.onednn import Prepacked
 from verispec.models.accelerators.probe import row_invariant_kernels
 from verispec.models.accelerators.registry import accelerate
+from verispec.models.gguf_rows import holds_decoded
 from verispec.models.invariance import VALUE_BLOCK, min_pass_tokens, min_product_rows
 from verispec.models.llama import KVCache, Pass, PassKind, Transformer, from_hf
 
@@ -177,6 +180,12 @@ class FastModel(TreeSequenceModel):
             (``dtype`` float32 or ``"auto"``) and ``weights`` other than ``"dense"``.
             Speculative decoding is exact with respect to this model: every method's
             answer equals its own ``ar``'s (docs/runtime.rst, "Integer arithmetic").
+        gguf_file: the GGUF file ``hf_model`` was dequantized from
+            (:func:`~verispec.models.load_model` passes it). The matrices whose float32
+            weights do not give their blocks back (the K-quants, Q5_0, Q5_1, IQ4_NL,
+            IQ4_XS) are then read from the file (:mod:`verispec.models.gguf_rows`) and
+            multiplied as blocks too, each checked to widen to the weights bit for bit
+            (docs/models.rst, "GGUF formats").
 
     The caches are kept across sequences (``reset`` forgets the tokens, not the
     buffers), so a second generation allocates nothing.
@@ -200,6 +209,7 @@ class FastModel(TreeSequenceModel):
         attention: str = "auto",
         batch_invariant: bool = False,
         arithmetic: str = "exact",
+        gguf_file: str | os.PathLike[str] | None = None,
     ) -> None:
         boolean("keep_source", keep_source)
         boolean("batch_invariant", batch_invariant)
@@ -211,6 +221,9 @@ class FastModel(TreeSequenceModel):
             )
         if weights not in WEIGHTS:
             raise ConfigError(f"`weights` must be one of {WEIGHTS}; got {weights!r}.")
+        source = None if gguf_file is None else Path(gguf_file).expanduser()
+        if source is not None and not source.is_file():
+            raise ConfigError(f"`gguf_file` must be a GGUF file; got {str(gguf_file)!r}, no file.")
         config = hf_model.config
         context = int(getattr(config, "max_position_embeddings", 2048))
         window = getattr(config, "sliding_window", None)
@@ -223,7 +236,8 @@ class FastModel(TreeSequenceModel):
         if arithmetic == "int8":
             dtype = _int8_dtype(device, dtype, weights, batch_invariant)
         if dtype == "auto":
-            dtype = auto_dtype(device, blocks=holds_blocks(hf_model))
+            from_file = source is not None and kernel_status()[0] and holds_decoded(source)
+            dtype = auto_dtype(device, blocks=from_file or holds_blocks(hf_model))
         if dtype is not None and dtype not in FLOAT_DTYPES:
             raise ConfigError(f"`dtype` must be one of {dtype_names()} or 'auto'; got {dtype!r}.")
         if prepack not in (True, False, "auto"):
@@ -246,7 +260,15 @@ class FastModel(TreeSequenceModel):
         elif attention == "auto" and graphs and unavailable is None:
             attention = "triton"  # reads the used slots only (docs/runtime.rst, CUDA graphs)
         plan = Plan(
-            device, weights, arithmetic, attention, prepack, compile, graphs, batch_invariant
+            device,
+            weights,
+            arithmetic,
+            attention,
+            prepack,
+            compile,
+            graphs,
+            batch_invariant,
+            source,
         )
         # What runs around the plain forward, chosen here once (models/accelerators/).
         shared = _SharedRuntime(

@@ -10,6 +10,7 @@ where the runtime covers the architecture, or in the Hugging Face adapter
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal, get_args
 
 import torch
@@ -68,6 +69,7 @@ def make_target(
     keep_source: bool = True,
     weights: str = "auto",
     arithmetic: str = "exact",
+    gguf_file: str | os.PathLike[str] | None = None,
 ) -> FastModel | HFModel:
     """Wrap a loaded ``transformers`` causal LM as the decoding target.
 
@@ -90,6 +92,8 @@ def make_target(
         arithmetic: ``"exact"`` (default) or ``"int8"``: integer products of the blocks'
             codes and 8-bit activations, a different model (:class:`FastModel`); it needs
             the fast runtime on a CPU.
+        gguf_file: the GGUF file ``hf_model`` was read from: the runtime reads the blocks
+            of its K-quant, 5-bit and IQ4 matrices from it (:class:`FastModel`).
 
     The returned model's ``runtime_note`` says which was picked and why.
 
@@ -115,6 +119,7 @@ def make_target(
                 keep_source=keep_source,
                 weights=weights,
                 arithmetic=arithmetic,
+                gguf_file=gguf_file,
             )
             note = f"fast runtime ({model.runtime}, {str(model.dtype).replace('torch.', '')})"
         except UnsupportedModelError as error:

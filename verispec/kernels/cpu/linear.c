@@ -20,6 +20,13 @@
  *   2  Q8_0      struct { float d; int8 q[32]; }       w[i] = q_i * d
  *   3, 4         Q4_1 / Q8_0 in panels of eight rows, multiplied in integers
  *                (arithmetic="int8"): handed to vs_linear_int8 (kernels/cpu/int8.c)
+ *   5  Q8_2      struct { float d[2], m[2]; int8 q[32]; }  w[i] = q_i * d[h] + m[h], h = i / 16:
+ *                the layout every GGUF block format widens into exactly (the K-quants'
+ *                16-weight sub-blocks, 5- and 6-bit codes, IQ4's table values); read from
+ *                the file (verispec/models/gguf_rows.py)
+ *   6  Q5_1      struct { float d, m; uint32 qh; uint8 q[16]; }  w[i] = q_i * d + m, q_i in
+ *                0..31: Q4_1's nibbles, and bit i of qh is q_i's fifth bit (GGUF's Q5_0, Q5_1
+ *                and Q5_K rows)
  */
 #include "simd.h"
 #include <stdint.h>
@@ -31,9 +38,14 @@
 
 typedef struct { float d, m; uint8_t q[16]; } block_q4_1;
 typedef struct { float d; int8_t q[32]; } block_q8_0;
+typedef struct { float d[2], m[2]; int8_t q[32]; } block_q8_2;
+typedef struct { float d, m; uint32_t qh; uint8_t q[16]; } block_q5_1;
 
 int vs_block_bytes(int kind) {
-    return kind == 1 ? (int)sizeof(block_q4_1) : kind == 2 ? (int)sizeof(block_q8_0) : 0;
+    return kind == 1 ? (int)sizeof(block_q4_1)
+         : kind == 2 ? (int)sizeof(block_q8_0)
+         : kind == 5 ? (int)sizeof(block_q8_2)
+         : kind == 6 ? (int)sizeof(block_q5_1) : 0;
 }
 
 
@@ -45,6 +57,13 @@ static inline __m256 widen_q4_1(__m256i q, __m256 d, __m256 m) {
 }
 static inline __m256 widen_q8_0(const int8_t *q, __m256 d) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))), d);
+}
+/* Eight Q8_2 weights: q * d + m in one rounding. The loader's q * d is exact for every
+ * format held so except Q6_K's (6-bit codes times an 8-bit scale of a float16), whose m is
+ * -0: then q * d + m rounds the product once, as the loader does, zero's sign included. */
+static inline __m256 widen_q8_2(const int8_t *q, const float *d, const float *m) {
+    const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+    return _mm256_fmadd_ps(c, _mm256_broadcast_ss(d), _mm256_broadcast_ss(m));
 }
 
 /* The one summation order: an output's four partial sums p_g run over the blocks of 32
@@ -70,6 +89,22 @@ static inline float finish(__m256 p0, __m256 p1, __m256 p2, __m256 p3, float bia
             const block_q8_0 *b_ = (const block_q8_0 *)(w) + (i);                            \
             const __m256 d_ = _mm256_broadcast_ss(&b_->d);                                   \
             wa = widen_q8_0(b_->q + 8 * (h), d_), wb = widen_q8_0(b_->q + 8 * (h) + 16, d_); \
+        } else if ((kind) == 5) {                                                            \
+            const block_q8_2 *b_ = (const block_q8_2 *)(w) + (i);                            \
+            wa = widen_q8_2(b_->q + 8 * (h), b_->d, b_->m);                                  \
+            wb = widen_q8_2(b_->q + 8 * (h) + 16, b_->d + 1, b_->m + 1);                     \
+        } else if ((kind) == 6) { /* fifth bits: lane j of quarter h is bit 8 h + j */       \
+            const block_q5_1 *b_ = (const block_q5_1 *)(w) + (i);                            \
+            const __m256 d_ = _mm256_broadcast_ss(&b_->d), m_ = _mm256_broadcast_ss(&b_->m); \
+            const __m256i c_ = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b_->q + 8 * (h))));\
+            const __m256i s_ = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),   \
+                                                _mm256_set1_epi32(8 * (h)));                 \
+            const __m256i f_ = _mm256_srlv_epi32(_mm256_set1_epi32((int)b_->qh), s_);        \
+            const __m256i one_ = _mm256_set1_epi32(1);                                       \
+            wa = widen_q4_1(_mm256_or_si256(_mm256_and_si256(c_, _mm256_set1_epi32(0x0F)),   \
+                                            _mm256_slli_epi32(_mm256_and_si256(f_, one_), 4)), d_, m_);\
+            wb = widen_q4_1(_mm256_or_si256(_mm256_srli_epi32(c_, 4),                        \
+                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(f_, 16), one_), 4)), d_, m_);\
         } else {                                                                             \
             const float *f_ = (const float *)(w) + 32 * (i) + 8 * (h);                       \
             wa = _mm256_loadu_ps(f_), wb = _mm256_loadu_ps(f_ + 16);                          \
@@ -178,8 +213,14 @@ static void rows_dot(int kind, const float *restrict x, int64_t M, const uint8_t
  * hi holds p_2 | p_3 (16..31), so every lane runs the fused multiply-adds it runs in the
  * eight-lane code, in the same order, and finish16 adds the same four vectors the same way:
  * the same bits, half the instructions. A Q4_1 block's 16 bytes widen at once: their low
- * nibbles are weights 0..15, their high nibbles 16..31. */
+ * nibbles are weights 0..15, their high nibbles 16..31. Q8_2 and Q5_1 blocks are widened by
+ * the eight-lane code and joined: the same values by construction. */
 #define IOTA16 _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+/* Two eight-lane vectors as one sixteen-lane one (a in lanes 0..7). */
+static inline __m512 join8(__m256 a, __m256 b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)),
+                                               _mm256_castps_pd(b), 1));
+}
 #define BLOCK16(kind, w, i, lo, hi)                                                          \
     do {                                                                                     \
         if ((kind) == 1) {                                                                   \
@@ -194,6 +235,10 @@ static void rows_dot(int kind, const float *restrict x, int64_t M, const uint8_t
             const __m512 d_ = _mm512_set1_ps(b_->d);                                         \
             lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b_->q))), d_); \
             hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b_->q + 16)))), d_); \
+        } else if ((kind) == 5 || (kind) == 6) { /* the eight-lane widening, joined */       \
+            __m256 a0_, a1_, a2_, a3_;                                                       \
+            QUARTERS(kind, w, i, a0_, a1_, a2_, a3_);                                        \
+            lo = join8(a0_, a1_), hi = join8(a2_, a3_);                                      \
         } else {                                                                             \
             const float *f_ = (const float *)(w) + 32 * (i);                                 \
             lo = _mm512_loadu_ps(f_), hi = _mm512_loadu_ps(f_ + 16);                          \
@@ -317,7 +362,7 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
 int vs_linear(int kind, const float *x, int64_t M, int64_t K, const void *weight, int64_t N,
               const float *bias, float *y, int threads) {
     if (kind == 3 || kind == 4) return vs_linear_int8(kind, x, M, K, weight, N, bias, y, threads);
-    if (K % 32 != 0 || kind < 0 || kind > 2) return -1;
+    if (K % 32 != 0 || (kind != 0 && vs_block_bytes(kind) == 0)) return -1;
     int64_t row_bytes = kind == 0 ? K * 4 : (K / 32) * vs_block_bytes(kind);
     int64_t tiles = (N + NR - 1) / NR;
     int failed = 0;
@@ -368,7 +413,7 @@ int vs_linear(int kind, const float *x, int64_t M, int64_t K, const void *weight
 
 /* out (N x K float32) = the matrix widened, as the products see it (for tests). */
 int vs_dequantize(int kind, const void *weight, int64_t N, int64_t K, float *out) {
-    if (kind == 0 || K % 32 != 0) return -1;
+    if (vs_block_bytes(kind) == 0 || K % 32 != 0) return -1;
     int64_t row_bytes = (K / 32) * vs_block_bytes(kind);
     for (int64_t n = 0; n < N; n++)
         dequant_row(kind, (const uint8_t *)weight + n * row_bytes, K, out + n * K);

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
@@ -52,6 +53,7 @@ class Plan:
         compile: compile the forward (its ``compile``).
         graphs: replay CUDA graphs (its ``cuda_graphs``, resolved).
         batch_invariant: the batch-invariant Triton kernels (its ``batch_invariant``).
+        gguf_file: the GGUF file the weights were read from (its ``gguf_file``), or ``None``.
     """
 
     device: torch.device
@@ -62,6 +64,7 @@ class Plan:
     compile: bool = False
     graphs: bool = False
     batch_invariant: bool = False
+    gguf_file: Path | None = None
 
 
 class Accelerator(abc.ABC):

@@ -35,6 +35,7 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,6 +45,8 @@ from verispec.kernels.cpu import source as cpu_source
 from verispec.kernels.cpu.build import build, source_hash
 from verispec.models.accelerators.base import Accelerator, Plan
 from verispec.models.accelerators.linear_op import PACKED_LINEAR
+from verispec.models.gguf_codes import Codes
+from verispec.models.gguf_rows import FileRows
 
 if TYPE_CHECKING:
     from verispec.models.llama import Transformer
@@ -55,6 +58,7 @@ __all__ = [
     "HEAD_FORMATS",
     "INT8_KINDS",
     "INT8_PATHS",
+    "LAYOUTS",
     "BlockLinear",
     "BlockProducts",
     "Format",
@@ -64,14 +68,15 @@ __all__ = [
     "int8_path",
     "int8_paths",
     "quantize_activations",
+    "pack_codes",
     "quantize_blocks",
     "to_panels",
     "recover_blocks",
     "source_id",
 ]
 
-Format = Literal["float32", "q4_0", "q4_1", "q8_0"]
-FORMATS: dict[str, int] = {"float32": 0, "q4_1": 1, "q8_0": 2}
+Format = Literal["float32", "q4_0", "q4_1", "q8_0", "q8_2", "q5_1"]
+FORMATS: dict[str, int] = {"float32": 0, "q4_1": 1, "q8_0": 2, "q8_2": 5, "q5_1": 6}
 """The weight formats the kernel reads, by name, with the C code's number for each."""
 ARITHMETICS = ("exact", "int8")
 """How a :class:`BlockLinear` multiplies (its ``arithmetic``): ``"exact"`` widens the weights
@@ -89,7 +94,9 @@ INT8_PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
 """The integer kernel's instruction paths, by the C code's number (``vs_int8_paths``)."""
 _PANEL = 8  # output rows per panel of the integer kernel
 _BLOCK = 32  # weights per block, both formats
-_BLOCK_BYTES = {"q4_1": 24, "q8_0": 36}  # float d, float m, 16 nibble bytes / float d, 32 int8
+_BLOCK_BYTES = {"q4_1": 24, "q8_0": 36, "q8_2": 48, "q5_1": 28}
+# float d, m, 16 nibble bytes / float d, 32 int8 / float d[2], m[2], 32 int8 /
+# float d, m, uint32 fifth bits, 16 nibble bytes
 _SOURCES = tuple(cpu_source(n) for n in ("linear.c", "attention.c", "layer.c", "int8.c"))
 _HEADERS = (cpu_source("simd.h"),)
 _STATE: dict[str, object] = {}
@@ -131,7 +138,7 @@ def _build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     for name, size in _BLOCK_BYTES.items():
         if lib.vs_block_bytes(FORMATS[name]) != size:  # the C struct layout is what we write
             raise RuntimeError(f"the built kernel's {name} block is not {size} bytes")
-        if lib.vs_panel_bytes(INT8_KINDS[name]) != _PANEL * size:
+        if name in INT8_KINDS and lib.vs_panel_bytes(INT8_KINDS[name]) != _PANEL * size:
             raise RuntimeError(f"the built kernel's {name} panel is not {_PANEL * size} bytes")
     return lib
 
@@ -274,6 +281,68 @@ def quantize_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor:
         q = torch.round(blocks / torch.where(scale == 0, 1.0, scale)).clamp(-127, 127)
         widened = q * scale
     return widened.reshape(weight.shape)
+
+
+LAYOUTS: tuple[Format, ...] = ("q4_1", "q8_0", "q5_1", "q8_2")
+"""The layouts :func:`pack_codes` packs into, in the order tried: by speed on the AVX2 EPYC
+(0.75, 1.125, 0.875 and 1.5 bytes a weight; Q5_1's fifth bits cost more to widen than Q8_0's
+extra bytes cost to read there: docs/models.rst, "GGUF formats")."""
+
+
+def pack_codes(
+    code: np.ndarray, scale: np.ndarray, low: np.ndarray, layouts: Sequence[Format] = LAYOUTS
+) -> tuple[Format, torch.Tensor] | None:
+    """A matrix given as codes, scales and lows, 16 weights a scale and low
+    (:class:`~verispec.models.gguf_codes.Codes`), in the first of ``layouts`` that holds it:
+
+    * Q4_1 where each block of 32 has one scale and one low and every code is in 0..15;
+    * Q8_0 where each block has one scale and its low is ``-k`` times it for an integer
+      ``k`` (0 for plain products; 8 and 16 for Q4_0 and Q5_0), the codes less ``k`` in
+      -128..127: ``(q - k) d`` is the value ``q d - k d`` is;
+    * Q5_1 like Q4_1 with codes in 0..31;
+    * Q8_2 always (two scales and lows a block).
+
+    Returns:
+        The layout's name and its blocks, uint8, Shape: (rows, cols / 32 * block bytes), or
+        ``None`` where none of ``layouts`` holds the matrix. Unchecked: the caller compares
+        the widening with the weights.
+    """
+    rows = code.shape[0]
+    scales, lows = scale.reshape(rows, -1, 2), low.reshape(rows, -1, 2)
+    bits = lambda a: np.ascontiguousarray(a).view(np.uint8)  # noqa: E731  (float32: 4 bytes)
+    one = bool(
+        (bits(scales[..., :1]) == bits(scales[..., 1:])).all()
+        and (bits(lows[..., :1]) == bits(lows[..., 1:])).all()
+    )
+    blocks = code.reshape(rows, -1, _BLOCK)
+    least, most = int(blocks.min(initial=0)), int(blocks.max(initial=0))
+    d, m = scales[..., :1], lows[..., :1]
+    for fmt in layouts:
+        if fmt == "q4_1" and one and least >= 0 and most <= 15:
+            nibbles = blocks.astype(np.uint8)
+            packed = nibbles[..., :16] | (nibbles[..., 16:] << 4)
+            parts = [bits(d), bits(m), packed]
+        elif fmt == "q5_1" and one and least >= 0 and most <= 31:
+            nibbles = blocks.astype(np.uint8)
+            packed = (nibbles[..., :16] & 15) | ((nibbles[..., 16:] & 15) << 4)
+            fifth = (nibbles >> 4).astype(np.uint32) << np.arange(32, dtype=np.uint32)
+            high = fifth.sum(-1, keepdims=True, dtype=np.uint32)
+            parts = [bits(d), bits(m), bits(high), packed]
+        elif fmt == "q8_0" and one:
+            safe = np.where(d == 0, np.float32(1), d)
+            k = np.where(m == 0, np.float32(0), -m / safe)
+            if not (np.round(k) == k).all():
+                continue
+            shifted = blocks.astype(np.int32) - k.astype(np.int32)
+            if shifted.min(initial=0) < -128 or shifted.max(initial=0) > 127:
+                continue
+            parts = [bits(d), bits(shifted.astype(np.int8))]
+        elif fmt == "q8_2":
+            parts = [bits(scales), bits(lows), bits(blocks)]
+        else:
+            continue
+        return fmt, torch.from_numpy(np.concatenate(parts, axis=-1).reshape(rows, -1))
+    return None
 
 
 def holds_blocks(model: nn.Module) -> bool:
@@ -497,6 +566,28 @@ class BlockLinear(nn.Module):
                 return cls(layout, blocks, *features, linear.bias, arithmetic)
         return None
 
+    @classmethod
+    def from_codes(
+        cls, linear: nn.Linear, codes: Codes, arithmetic: str = "exact"
+    ) -> BlockLinear | None:
+        """``linear``'s weight as the blocks of ``codes`` (read from its GGUF file:
+        :class:`~verispec.models.gguf_rows.FileRows`) in the tightest layout that holds them
+        (:func:`pack_codes`), or ``None`` unless they widen to the weight exactly, or where
+        ``arithmetic="int8"`` has no integer product for that layout."""
+        weight = linear.weight.detach()
+        if weight.dtype != torch.float32 or tuple(codes.code.shape) != tuple(weight.shape):
+            return None
+        layouts = LAYOUTS if arithmetic == "exact" else tuple(INT8_KINDS)
+        packed = pack_codes(codes.code, codes.scale, codes.low, cast(Any, layouts))
+        if packed is None:
+            return None
+        fmt, blocks = packed
+        features = (linear.in_features, linear.out_features)
+        exact = cls(fmt, blocks, *features, linear.bias)
+        if not torch.equal(exact.dequantized(), weight.cpu()):
+            return None
+        return exact if arithmetic == "exact" else cls(fmt, blocks, *features, linear.bias, "int8")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: Shape: (R, in_features), float32."""
         if torch.compiler.is_compiling():  # an opaque operator inside compiled graphs
@@ -585,6 +676,15 @@ class BlockProducts(Accelerator):
                 raise ConfigError(f"`weights={weights!r}` cannot run here: {why}.")
             return None
         count, refused = 0, []
+        read: list[FileRows] = []  # the GGUF file's rows, read once where first needed
+
+        def from_file(linear: nn.Linear) -> BlockLinear | None:
+            if plan.gguf_file is None:
+                return None
+            if not read:
+                read.append(FileRows(plan.gguf_file))
+            codes = read[0].codes_for(linear.weight.detach())
+            return None if codes is None else BlockLinear.from_codes(linear, codes, arithmetic)
 
         def replace(module: nn.Module, prefix: str) -> None:
             nonlocal count
@@ -596,7 +696,11 @@ class BlockProducts(Accelerator):
                     if weights == "q4_1":
                         with torch.no_grad():  # the head's weight is the embedding's: rounded
                             child.weight.copy_(quantize_blocks(child.weight, formats[0]))
-                    block = BlockLinear.from_linear(child, formats, arithmetic)
+                    # the file's own blocks first: recovery from float32 is slower, and
+                    # blind to the K-quants (docs/models.rst, "GGUF formats")
+                    block = from_file(child) if weights != "q4_1" else None
+                    if block is None:
+                        block = BlockLinear.from_linear(child, formats, arithmetic)
                     whole = child.in_features % 32 == 0
                     if block is None and arithmetic == "int8" and weights == "auto" and whole:
                         with torch.no_grad():  # a dense matrix: 8-bit weights (docs/runtime.rst)
@@ -614,7 +718,8 @@ class BlockProducts(Accelerator):
         if refused and (weights != "auto" or arithmetic == "int8"):
             raise ConfigError(
                 f"`weights={weights!r}`, `arithmetic={arithmetic!r}`: {len(refused)} matrices "
-                f"(e.g. {refused[0]}) are not exactly Q4_1, Q4_0 or Q8_0 blocks (a width not a "
+                f"(e.g. {refused[0]}) are not exactly blocks the kernel reads (Q4_1, Q4_0 or "
+                f"Q8_0 in float32, or the blocks of the GGUF file given; a width not a "
                 f"multiple of 32?); use weights='auto' or 'dense' with arithmetic='exact'."
             )
         return cls(count, arithmetic) if count else None

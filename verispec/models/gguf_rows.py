@@ -1,0 +1,132 @@
+"""A GGUF file's block rows, found again by their values in the matrices built from them.
+
+:func:`~verispec.models.accelerators.blocks.recover_blocks` finds Q4_1, Q4_0 and Q8_0
+blocks from the float32 weights alone. The K-quants, the 5-bit formats and IQ4 make each
+weight from a code and several scale fields, which its float32 value does not determine,
+so their codes are read from the file (:mod:`verispec.models.gguf_codes`).
+
+To find which of the file's rows a projection of the runtime holds, each row is widened
+as the loader widens it and keyed by its values up to a power of two. So a row is found
+whatever was done to it between the file and the runtime: renamed, reordered
+(``transformers`` permutes a Llama's query and key rows), fused (the runtime's ``wqkv`` and
+``w13``), scaled by a power of two (the query rows carry the softmax scale) or tied (the LM
+head is the embedding). The keys only propose: whoever uses the codes checks that they
+widen to the projection's weights, bit for bit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from verispec.models.gguf import matrices
+from verispec.models.gguf_codes import DECODED, GROUP, Codes, decode
+
+__all__ = ["FileRows", "holds_decoded"]
+
+_SAMPLE = 256  # the leading weights of a row its key is made from (whole blocks of any format)
+
+
+def _widened(codes: Codes) -> torch.Tensor:
+    """The weights ``codes`` stand for, float32, as the ``gguf`` package computes them:
+    ``code * scale`` and then ``+ low``, two roundings (one where the product is exact)."""
+    scale = torch.from_numpy(codes.scale).repeat_interleave(GROUP, dim=1)
+    low = torch.from_numpy(codes.low).repeat_interleave(GROUP, dim=1)
+    return torch.from_numpy(codes.code).float() * scale + low
+
+
+def _keys(lead: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
+    """Each row's key, from its leading weights ``lead`` (float32, Shape: (N, S)): a hash of
+    their values (a zero of either sign as one) divided by the power of two of their largest
+    magnitude (exact), and that
+    power's exponent (the largest magnitude's ``frexp`` exponent; 0 for zeros)."""
+    _, exponent = torch.frexp(lead.abs().amax(1))
+    power = torch.pow(2.0, -exponent.double()).float()
+    scaled = lead * power[:, None] + 0.0  # -0 as +0: Q4_0's and Q5_0's zeros keep no sign
+    bits = scaled.view(torch.int32).numpy().astype(np.uint64)
+    rng = np.random.default_rng(lead.shape[1])  # one odd multiplier per column
+    multipliers = rng.integers(1, 2**63, size=lead.shape[1], dtype=np.uint64) | np.uint64(1)
+    return bits @ multipliers, exponent  # (wraps modulo 2**64)
+
+
+def holds_decoded(path: str | Path) -> bool:
+    """Whether the GGUF file holds matrices of a :data:`DECODED` type (its header only)."""
+    return any(kind in DECODED for _, kind, _ in matrices(Path(path)))
+
+
+class FileRows:
+    """The rows of a GGUF file's block matrices of the :data:`DECODED` types, by their values.
+
+    Reading it decodes only the leading 256 weights of each row (what the keys are made
+    of); a matrix is decoded whole when a product asks for one of its rows.
+
+    Args:
+        path: the GGUF file.
+
+    Attributes:
+        types: the number of matrices read, by GGUF type name.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self._matrices: list[tuple[str, np.ndarray, int]] = []  # (type, bytes, row length)
+        self._decoded: dict[int, Codes] = {}
+        self.types: dict[str, int] = {}
+        keys, exponents, places = [], [], []
+        for tensor, kind, data in matrices(Path(path)):
+            cols = int(tensor.shape[0])
+            if kind not in DECODED:
+                continue
+            lead = min(cols, _SAMPLE)
+            head = np.asarray(data[:, : data.shape[1] * lead // cols])
+            key, exponent = _keys(_widened(decode(kind, head, lead)))
+            rows = len(key)
+            keys.append(key)
+            exponents.append(exponent)
+            places.append(np.stack([np.full(rows, len(self._matrices)), np.arange(rows)], 1))
+            self._matrices.append((kind, data, cols))
+            self.types[kind] = self.types.get(kind, 0) + 1
+        every = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+        self._order = np.argsort(every, kind="stable")
+        self._keys = every[self._order]
+        self._exponents = torch.cat(exponents) if exponents else torch.zeros(0, dtype=torch.int32)
+        self._places = np.concatenate(places) if places else np.zeros((0, 2), np.int64)
+
+    def _codes(self, index: int) -> Codes:
+        if index not in self._decoded:
+            kind, data, cols = self._matrices[index]
+            self._decoded[index] = decode(kind, np.asarray(data), cols)
+        return self._decoded[index]
+
+    def codes_for(self, weight: torch.Tensor) -> Codes | None:
+        """The codes of the file's rows whose values are ``weight``'s rows up to a power of
+        two, with that power applied to their scales and lows; ``None`` if some row is not
+        found. Unchecked: the caller compares their widening with ``weight``.
+
+        Args:
+            weight: float32, Shape: (N, K).
+        """
+        if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % 32:
+            return None
+        cols = weight.shape[1]
+        keys, exponent = _keys(weight.detach()[:, :_SAMPLE].contiguous())
+        at = np.minimum(np.searchsorted(self._keys, keys), max(len(self._keys) - 1, 0))
+        if not len(self._keys) or (self._keys[at] != keys).any():
+            return None
+        found = self._order[at]
+        sources, rows = self._places[found, 0], self._places[found, 1]
+        shift = exponent - self._exponents[torch.from_numpy(found)]
+        power = torch.pow(2.0, shift.double()).float().numpy()[:, None]
+        code = np.empty((len(rows), cols), dtype=np.int8)
+        scale = np.empty((len(rows), cols // GROUP), dtype=np.float32)
+        low = np.empty_like(scale)
+        for source in np.unique(sources):
+            if self._matrices[source][2] != cols:
+                return None
+            codes, chosen = self._codes(int(source)), sources == source
+            picked = rows[chosen]
+            code[chosen] = codes.code[picked]
+            scale[chosen] = codes.scale[picked] * power[chosen]
+            low[chosen] = codes.low[picked] * power[chosen]
+        return Codes(code=code, scale=scale, low=low)
