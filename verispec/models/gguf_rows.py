@@ -26,29 +26,30 @@ from verispec.models.gguf_codes import DECODED, GROUP, Codes, decode
 
 __all__ = ["FileRows", "holds_decoded"]
 
-_SAMPLE = 256  # the leading weights of a row its key is made from (whole blocks of any format)
+_DECODED_LEAD = 256  # the leading weights of a row decoded for its key (whole blocks of any format)
+_KEYED = 64  # the leading weights a key is made from
 
 
-def _widened(codes: Codes) -> torch.Tensor:
-    """The weights ``codes`` stand for, float32, as the ``gguf`` package computes them:
-    ``code * scale`` and then ``+ low``, two roundings (one where the product is exact)."""
-    scale = torch.from_numpy(codes.scale).repeat_interleave(GROUP, dim=1)
-    low = torch.from_numpy(codes.low).repeat_interleave(GROUP, dim=1)
-    return torch.from_numpy(codes.code).float() * scale + low
+def _widened(codes: Codes, cols: int) -> np.ndarray:
+    """The first ``cols`` weights of each row ``codes`` stand for, float32, as the ``gguf``
+    package computes them: ``code * scale`` and then ``+ low``, two roundings (one where the
+    product is exact)."""
+    scale = np.repeat(codes.scale[:, : cols // GROUP], GROUP, axis=1)
+    low = np.repeat(codes.low[:, : cols // GROUP], GROUP, axis=1)
+    return codes.code[:, :cols].astype(np.float32) * scale + low
 
 
-def _keys(lead: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
-    """Each row's key, from its leading weights ``lead`` (float32, Shape: (N, S)): a hash of
-    their values (a zero of either sign as one) divided by the power of two of their largest
-    magnitude (exact), and that
-    power's exponent (the largest magnitude's ``frexp`` exponent; 0 for zeros)."""
-    _, exponent = torch.frexp(lead.abs().amax(1))
-    power = torch.pow(2.0, -exponent.double()).float()
-    scaled = lead * power[:, None] + 0.0  # -0 as +0: Q4_0's and Q5_0's zeros keep no sign
-    bits = scaled.view(torch.int32).numpy().astype(np.uint64)
-    rng = np.random.default_rng(lead.shape[1])  # one odd multiplier per column
-    multipliers = rng.integers(1, 2**63, size=lead.shape[1], dtype=np.uint64) | np.uint64(1)
-    return bits @ multipliers, exponent  # (wraps modulo 2**64)
+def _keys(lead: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's key, from its leading weights ``lead`` (float32, Shape: (N, 64) or fewer):
+    a hash of their values (a zero of either sign as one) divided by the power of two of
+    their largest magnitude (exact), and that power's exponent (the largest magnitude's
+    ``frexp`` exponent; 0 for zeros)."""
+    _, exponent = np.frexp(np.abs(lead).max(axis=1))
+    scaled = np.ldexp(lead, -exponent[:, None]) + np.float32(0)  # -0 as +0 (Q4_0's zeros)
+    pairs = np.ascontiguousarray(scaled, dtype=np.float32).view(np.uint64)  # two a word
+    rng = np.random.default_rng(pairs.shape[1])
+    multipliers = rng.integers(1, 2**63, size=pairs.shape[1], dtype=np.uint64) | np.uint64(1)
+    return (pairs * multipliers).sum(1, dtype=np.uint64), exponent  # wraps modulo 2**64
 
 
 def holds_decoded(path: str | Path) -> bool:
@@ -59,8 +60,8 @@ def holds_decoded(path: str | Path) -> bool:
 class FileRows:
     """The rows of a GGUF file's block matrices of the :data:`DECODED` types, by their values.
 
-    Reading it decodes only the leading 256 weights of each row (what the keys are made
-    of); a matrix is decoded whole when a product asks for one of its rows.
+    Reading it decodes only the leading 256 weights of each row (its key is made of the
+    first 64); a matrix is decoded whole when a product asks for one of its rows.
 
     Args:
         path: the GGUF file.
@@ -78,9 +79,9 @@ class FileRows:
             cols = int(tensor.shape[0])
             if kind not in DECODED:
                 continue
-            lead = min(cols, _SAMPLE)
+            lead = min(cols, _DECODED_LEAD)
             head = np.asarray(data[:, : data.shape[1] * lead // cols])
-            key, exponent = _keys(_widened(decode(kind, head, lead)))
+            key, exponent = _keys(_widened(decode(kind, head, lead), min(cols, _KEYED)))
             rows = len(key)
             keys.append(key)
             exponents.append(exponent)
@@ -90,7 +91,7 @@ class FileRows:
         every = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
         self._order = np.argsort(every, kind="stable")
         self._keys = every[self._order]
-        self._exponents = torch.cat(exponents) if exponents else torch.zeros(0, dtype=torch.int32)
+        self._exponents = np.concatenate(exponents) if exponents else np.zeros(0, np.int32)
         self._places = np.concatenate(places) if places else np.zeros((0, 2), np.int64)
 
     def _codes(self, index: int) -> Codes:
@@ -110,14 +111,14 @@ class FileRows:
         if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % 32:
             return None
         cols = weight.shape[1]
-        keys, exponent = _keys(weight.detach()[:, :_SAMPLE].contiguous())
+        keys, exponent = _keys(weight.detach()[:, :_KEYED].cpu().numpy())
         at = np.minimum(np.searchsorted(self._keys, keys), max(len(self._keys) - 1, 0))
         if not len(self._keys) or (self._keys[at] != keys).any():
             return None
         found = self._order[at]
         sources, rows = self._places[found, 0], self._places[found, 1]
-        shift = exponent - self._exponents[torch.from_numpy(found)]
-        power = torch.pow(2.0, shift.double()).float().numpy()[:, None]
+        shift = (exponent - self._exponents[found]).astype(np.int32)
+        power = np.ldexp(np.float32(1), shift)[:, None].astype(np.float32)
         code = np.empty((len(rows), cols), dtype=np.int8)
         scale = np.empty((len(rows), cols // GROUP), dtype=np.float32)
         low = np.empty_like(scale)
