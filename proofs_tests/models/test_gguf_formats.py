@@ -49,7 +49,7 @@ _HALVES = {
 _LAYOUT = {
     "Q4_0": "q4_1", "Q4_1": "q4_1", "Q4_K": "q4_1", "Q5_0": "q8_0", "Q5_1": "q5_1",
     "Q5_K": "q5_1", "Q8_0": "q8_0", "IQ4_NL": "q8_0", "IQ4_XS": "q8_0", "Q2_K": "q8_2",
-    "Q3_K": "q8_2", "Q6_K": "q8_2",
+    "Q3_K": "q8_16", "Q6_K": "q8_16",
 }  # fmt: skip
 # and under arithmetic="int8", where only Q4_1 and Q8_0 have integer products
 _INT8_LAYOUT = {"Q4_0": "q4_1", "Q4_1": "q4_1", "Q4_K": "q4_1", "Q5_0": "q8_0", "Q8_0": "q8_0",
@@ -116,14 +116,17 @@ def coded_linear(
     layout: str, rows: int, cols: int, seed: int, bias: bool = False
 ) -> tuple[nn.Linear, BlockLinear]:
     """A linear layer whose weight is ``layout`` blocks, and its block product: Q8_2 with
-    6-bit codes and a scale and a low for each 16 weights (as Q6_K and Q3_K rows are held),
-    Q5_1 with 5-bit codes and one of each for 32 (Q5_0, Q5_1, Q5_K)."""
+    6-bit codes and a scale and a low for each 16 weights (as Q2_K and mixed rows are held),
+    Q8_16 the same without lows (Q6_K, Q3_K), Q5_1 with 5-bit codes and one scale and low
+    for 32 (Q5_1, Q5_K)."""
     generator = torch.Generator().manual_seed(seed)
-    groups = 1 if layout == "q8_2" else 2  # 16-weight groups sharing a scale
-    lowest, highest = (-32, 32) if layout == "q8_2" else (0, 32)
+    groups = 2 if layout == "q5_1" else 1  # 16-weight groups sharing a scale
+    lowest, highest = (0, 32) if layout == "q5_1" else (-32, 32)
     code = torch.randint(lowest, highest, (rows, cols), generator=generator, dtype=torch.int8)
     scale = (torch.rand(rows, cols // 16 // groups, generator=generator) * 0.004).half().float()
     low = (torch.randn(rows, cols // 16 // groups, generator=generator) * 0.02).half().float()
+    if layout == "q8_16":
+        low = torch.full_like(low, -0.0)
     scale, low = scale.repeat_interleave(groups, 1), low.repeat_interleave(groups, 1)
     codes = Codes(code.numpy(), scale.numpy(), low.numpy())
     packed = pack_codes(codes.code, codes.scale, codes.low)
@@ -139,11 +142,11 @@ def coded_linear(
 
 
 @needs_kernel
-@pytest.mark.parametrize("layout", ["q8_2", "q5_1"])
+@pytest.mark.parametrize("layout", ["q8_2", "q8_16", "q5_1"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_product_equals_its_float32_twin_bit_for_bit(layout: str, bias: bool) -> None:
-    """The Q8_2 and Q5_1 products equal the kernel's float32 product on the widened matrix bit
-    for bit, and torch's float64 product to rounding."""
+    """The Q8_2, Q8_16 and Q5_1 products equal the kernel's float32 product on the widened
+    matrix bit for bit, and torch's float64 product to rounding."""
     linear, block = coded_linear(layout, 72, 576, seed=5, bias=bias)
     twin = BlockLinear.from_linear(linear, ("float32",))
     assert twin is not None
@@ -157,7 +160,7 @@ def test_the_product_equals_its_float32_twin_bit_for_bit(layout: str, bias: bool
 
 
 @needs_kernel
-@pytest.mark.parametrize("layout", ["q8_2", "q5_1"])
+@pytest.mark.parametrize("layout", ["q8_2", "q8_16", "q5_1"])
 def test_rows_do_not_depend_on_row_count_or_threads(layout: str) -> None:
     """Each row's bits are the same for 1 to 40 rows (the register paths and the widened
     buffer), and on one or two threads."""
@@ -177,10 +180,11 @@ def test_rows_do_not_depend_on_row_count_or_threads(layout: str) -> None:
 
 @needs_kernel
 @pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU has no AVX-512")
-@pytest.mark.parametrize("layout", ["q8_2", "q5_1"])
+@pytest.mark.parametrize("layout", ["q8_2", "q8_16", "q5_1"])
 def test_avx512_products_equal_the_avx2_products_bit_for_bit(layout: str) -> None:
-    """On an AVX-512 CPU the native build (16-lane registers; Q5_1's 32 values in two) gives
-    every bit the eight-lane AVX2 build gives, for 1 to 20 rows, on one or two threads."""
+    """On an AVX-512 CPU the native build (16-lane registers, the new layouts widened eight
+    lanes at a time and joined) gives every bit the eight-lane AVX2 build gives, for 1 to 20
+    rows, on one or two threads."""
     narrow = blocks_module._build(("-mno-avx512f",))
     native = blocks_module.library()
     assert native is not None
@@ -212,7 +216,7 @@ def test_from_codes_refuses_codes_that_do_not_widen_to_the_weight() -> None:
     with torch.no_grad():
         linear.weight.copy_(widened("Q6_K", data, 256))
     assert BlockLinear.from_codes(linear, codes) is not None
-    assert BlockLinear.from_codes(linear, codes, "int8") is None  # Q8_2: no integer product
+    assert BlockLinear.from_codes(linear, codes, "int8") is None  # Q8_16: no integer product
     with torch.no_grad():
         linear.weight[3, 17] = torch.nextafter(linear.weight[3, 17], torch.tensor(1.0))
     assert BlockLinear.from_codes(linear, codes) is None
@@ -275,7 +279,7 @@ def test_rows_are_found_reordered_fused_scaled_and_tied(tmp_path: Path) -> None:
     codes = rows.codes_for(linear.weight)
     assert codes is not None
     block = BlockLinear.from_codes(linear, codes)
-    assert block is not None and block.fmt == "q8_2"  # the Q6_K rows need Q8_2
+    assert block is not None and block.fmt == "q8_16"  # a scale a 16 weights for Q6_K rows
     assert torch.equal(block.dequantized(), fused)
     with torch.no_grad():
         linear.weight[5] = torch.randn(256)

@@ -27,6 +27,8 @@
  *   6  Q5_1      struct { float d, m; uint32 qh; uint8 q[16]; }  w[i] = q_i * d + m, q_i in
  *                0..31: Q4_1's nibbles, and bit i of qh is q_i's fifth bit (GGUF's Q5_0, Q5_1
  *                and Q5_K rows)
+ *   7  Q8_16     struct { float d[2]; int8 q[32]; }  w[i] = q_i * d[h], h = i / 16: Q8_0 with a
+ *                scale for each 16 weights (GGUF's Q6_K and Q3_K rows)
  */
 #include "simd.h"
 #include <stdint.h>
@@ -40,12 +42,14 @@ typedef struct { float d, m; uint8_t q[16]; } block_q4_1;
 typedef struct { float d; int8_t q[32]; } block_q8_0;
 typedef struct { float d[2], m[2]; int8_t q[32]; } block_q8_2;
 typedef struct { float d, m; uint32_t qh; uint8_t q[16]; } block_q5_1;
+typedef struct { float d[2]; int8_t q[32]; } block_q8_16;
 
 int vs_block_bytes(int kind) {
     return kind == 1 ? (int)sizeof(block_q4_1)
          : kind == 2 ? (int)sizeof(block_q8_0)
          : kind == 5 ? (int)sizeof(block_q8_2)
-         : kind == 6 ? (int)sizeof(block_q5_1) : 0;
+         : kind == 6 ? (int)sizeof(block_q5_1)
+         : kind == 7 ? (int)sizeof(block_q8_16) : 0;
 }
 
 
@@ -93,6 +97,10 @@ static inline float finish(__m256 p0, __m256 p1, __m256 p2, __m256 p3, float bia
             const block_q8_2 *b_ = (const block_q8_2 *)(w) + (i);                            \
             wa = widen_q8_2(b_->q + 8 * (h), b_->d, b_->m);                                  \
             wb = widen_q8_2(b_->q + 8 * (h) + 16, b_->d + 1, b_->m + 1);                     \
+        } else if ((kind) == 7) {                                                            \
+            const block_q8_16 *b_ = (const block_q8_16 *)(w) + (i);                          \
+            wa = widen_q8_0(b_->q + 8 * (h), _mm256_broadcast_ss(b_->d));                    \
+            wb = widen_q8_0(b_->q + 8 * (h) + 16, _mm256_broadcast_ss(b_->d + 1));           \
         } else if ((kind) == 6) { /* fifth bits: lane j of quarter h is bit 8 h + j */       \
             const block_q5_1 *b_ = (const block_q5_1 *)(w) + (i);                            \
             const __m256 d_ = _mm256_broadcast_ss(&b_->d), m_ = _mm256_broadcast_ss(&b_->m); \
@@ -213,8 +221,8 @@ static void rows_dot(int kind, const float *restrict x, int64_t M, const uint8_t
  * hi holds p_2 | p_3 (16..31), so every lane runs the fused multiply-adds it runs in the
  * eight-lane code, in the same order, and finish16 adds the same four vectors the same way:
  * the same bits, half the instructions. A Q4_1 block's 16 bytes widen at once: their low
- * nibbles are weights 0..15, their high nibbles 16..31. Q8_2 and Q5_1 blocks are widened by
- * the eight-lane code and joined: the same values by construction. */
+ * nibbles are weights 0..15, their high nibbles 16..31. Q8_2, Q5_1 and Q8_16 blocks are
+ * widened by the eight-lane code and joined: the same values by construction. */
 #define IOTA16 _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 /* Two eight-lane vectors as one sixteen-lane one (a in lanes 0..7). */
 static inline __m512 join8(__m256 a, __m256 b) {
@@ -235,7 +243,7 @@ static inline __m512 join8(__m256 a, __m256 b) {
             const __m512 d_ = _mm512_set1_ps(b_->d);                                         \
             lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b_->q))), d_); \
             hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b_->q + 16)))), d_); \
-        } else if ((kind) == 5 || (kind) == 6) { /* the eight-lane widening, joined */       \
+        } else if ((kind) >= 5) { /* Q8_2, Q5_1, Q8_16: eight lanes at a time, joined */     \
             __m256 a0_, a1_, a2_, a3_;                                                       \
             QUARTERS(kind, w, i, a0_, a1_, a2_, a3_);                                        \
             lo = join8(a0_, a1_), hi = join8(a2_, a3_);                                      \

@@ -75,8 +75,8 @@ __all__ = [
     "source_id",
 ]
 
-Format = Literal["float32", "q4_0", "q4_1", "q8_0", "q8_2", "q5_1"]
-FORMATS: dict[str, int] = {"float32": 0, "q4_1": 1, "q8_0": 2, "q8_2": 5, "q5_1": 6}
+Format = Literal["float32", "q4_0", "q4_1", "q8_0", "q8_2", "q5_1", "q8_16"]
+FORMATS: dict[str, int] = {"float32": 0, "q4_1": 1, "q8_0": 2, "q8_2": 5, "q5_1": 6, "q8_16": 7}
 """The weight formats the kernel reads, by name, with the C code's number for each."""
 ARITHMETICS = ("exact", "int8")
 """How a :class:`BlockLinear` multiplies (its ``arithmetic``): ``"exact"`` widens the weights
@@ -94,9 +94,9 @@ INT8_PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
 """The integer kernel's instruction paths, by the C code's number (``vs_int8_paths``)."""
 _PANEL = 8  # output rows per panel of the integer kernel
 _BLOCK = 32  # weights per block, both formats
-_BLOCK_BYTES = {"q4_1": 24, "q8_0": 36, "q8_2": 48, "q5_1": 28}
+_BLOCK_BYTES = {"q4_1": 24, "q8_0": 36, "q8_2": 48, "q5_1": 28, "q8_16": 40}
 # float d, m, 16 nibble bytes / float d, 32 int8 / float d[2], m[2], 32 int8 /
-# float d, m, uint32 fifth bits, 16 nibble bytes
+# float d, m, uint32 fifth bits, 16 nibble bytes / float d[2], 32 int8
 _SOURCES = tuple(cpu_source(n) for n in ("linear.c", "attention.c", "layer.c", "int8.c"))
 _HEADERS = (cpu_source("simd.h"),)
 _STATE: dict[str, object] = {}
@@ -283,10 +283,26 @@ def quantize_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor:
     return widened.reshape(weight.shape)
 
 
-LAYOUTS: tuple[Format, ...] = ("q4_1", "q8_0", "q5_1", "q8_2")
+LAYOUTS: tuple[Format, ...] = ("q4_1", "q8_0", "q8_16", "q5_1", "q8_2")
 """The layouts :func:`pack_codes` packs into, in the order tried: by speed on the AVX2 EPYC
-(0.75, 1.125, 0.875 and 1.5 bytes a weight; Q5_1's fifth bits cost more to widen than Q8_0's
-extra bytes cost to read there: docs/models.rst, "GGUF formats")."""
+(0.75, 1.125, 1.25, 0.875 and 1.5 bytes a weight; Q5_1's fifth bits cost more to widen than
+Q8_0's extra bytes cost to read there: docs/models.rst, "GGUF formats")."""
+
+
+def _shifted(blocks: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray | None:
+    """``blocks``' codes less ``k`` per group where every low ``m`` is ``-k`` times its scale
+    ``d`` for an integer ``k`` and the results fit int8 (``(q - k) d`` is the value
+    ``q d - k d`` is), else ``None``. ``blocks``: (rows, nb, 32); ``d``, ``m``: (rows, nb,
+    groups), each group a run of ``32 / groups`` codes."""
+    safe = np.where(d == 0, np.float32(1), d)
+    k = np.where(m == 0, np.float32(0), -m / safe)
+    if not (np.round(k) == k).all() or np.abs(k).max(initial=0) > 255:
+        return None
+    shift = np.repeat(k.astype(np.int32), _BLOCK // d.shape[-1], axis=-1)
+    shifted = blocks.astype(np.int32) - shift
+    if shifted.min(initial=0) < -128 or shifted.max(initial=0) > 127:
+        return None
+    return shifted.astype(np.int8)
 
 
 def pack_codes(
@@ -299,6 +315,7 @@ def pack_codes(
     * Q8_0 where each block has one scale and its low is ``-k`` times it for an integer
       ``k`` (0 for plain products; 8 and 16 for Q4_0 and Q5_0), the codes less ``k`` in
       -128..127: ``(q - k) d`` is the value ``q d - k d`` is;
+    * Q8_16 the same, with a scale (and ``k``) for each 16 weights;
     * Q5_1 like Q4_1 with codes in 0..31;
     * Q8_2 always (two scales and lows a block).
 
@@ -328,15 +345,12 @@ def pack_codes(
             fifth = (nibbles >> 4).astype(np.uint32) << np.arange(32, dtype=np.uint32)
             high = fifth.sum(-1, keepdims=True, dtype=np.uint32)
             parts = [bits(d), bits(m), bits(high), packed]
-        elif fmt == "q8_0" and one:
-            safe = np.where(d == 0, np.float32(1), d)
-            k = np.where(m == 0, np.float32(0), -m / safe)
-            if not (np.round(k) == k).all():
+        elif fmt in ("q8_0", "q8_16") and (one or fmt == "q8_16"):
+            per = (d, m) if fmt == "q8_0" else (scales, lows)
+            shifted = _shifted(blocks, *per)
+            if shifted is None:
                 continue
-            shifted = blocks.astype(np.int32) - k.astype(np.int32)
-            if shifted.min(initial=0) < -128 or shifted.max(initial=0) > 127:
-                continue
-            parts = [bits(d), bits(shifted.astype(np.int8))]
+            parts = [bits(per[0]), bits(shifted)]
         elif fmt == "q8_2":
             parts = [bits(scales), bits(lows), bits(blocks)]
         else:
