@@ -387,3 +387,67 @@ def test_auto_dtype_keeps_float32_for_a_file_the_kernels_read(
     model = FastModel(hf, dtype="auto", gguf_file=path)
     assert model.dtype == torch.float32
     assert isinstance(model.transformer.blocks[0].attention.wqkv, BlockLinear)
+
+
+# -- F16 and BF16 matrices ----------------------------------------------------------------
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", ["f16", "bf16"])
+def test_half_matrices_are_read_as_halves_bit_for_bit(fmt: str) -> None:
+    """A float32 matrix whose every weight is a half (a bfloat16) is read as halves that widen
+    to it bit for bit, its product equals the float32 twin's bit for bit for 1 to 40 rows on
+    one or two threads; a weight that is not one refuses the format."""
+    dtype = torch.float16 if fmt == "f16" else torch.bfloat16
+    linear = nn.Linear(576, 67, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(linear.weight.to(dtype).float())
+    block = BlockLinear.from_linear(linear, (fmt,))  # type: ignore[arg-type]
+    twin = BlockLinear.from_linear(linear, ("float32",))
+    assert block is not None and block.fmt == fmt and twin is not None
+    assert torch.equal(block.dequantized().view(torch.int32), linear.weight.view(torch.int32))
+    x = torch.randn(40, 576, generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        full = block(x)
+        assert torch.equal(full, twin(x))
+        for rows in range(1, 41):
+            assert torch.equal(block(x[:rows]), full[:rows]), rows
+        torch.set_num_threads(2)
+        assert torch.equal(block(x), full)
+    finally:
+        torch.set_num_threads(threads)
+    with torch.no_grad():
+        linear.weight[3, 5] = torch.nextafter(linear.weight[3, 5], torch.tensor(1.0))
+    assert BlockLinear.from_linear(linear, (fmt,)) is None  # type: ignore[arg-type]
+
+
+@needs_kernel
+def test_an_f16_file_runs_every_product_on_halves(tmp_path: Path) -> None:
+    """A model whose GGUF file holds F16 matrices reads them as halves (2 bytes a weight, not
+    4), its tree rows still equal sequential decoding; without the file it stays dense."""
+    hf = tiny_model(
+        "llama", vocab_size=V, seed=3, dtype=torch.float32, hidden_size=64, max_length=64,
+    ).hf_model  # fmt: skip
+    writer = GGUFWriter(str(tmp_path / "f16.gguf"), "llama")
+    with torch.no_grad():
+        for name, module in hf.named_modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                # halves, none so small that the query rows' folded softmax scale would
+                # make them subnormal (then they are no halves any more: docs/models.rst)
+                weight = module.weight.half().float()
+                module.weight.copy_(torch.where(weight.abs() < 2**-10, 0.0, weight))
+                writer.add_tensor(name, module.weight.half().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    model = FastModel(hf, dtype=torch.float32, weights="blocks", gguf_file=tmp_path / "f16.gguf")
+    products = [m for m in model.transformer.modules() if isinstance(m, nn.Linear | BlockLinear)]
+    assert products and all(isinstance(m, BlockLinear) and m.fmt == "f16" for m in products)
+    tree = DraftTree.from_parents([5, 9, 11, 2], [-1, 0, 0, 1])
+    prompt = [1, 2, 3]
+    model.prefill(torch.tensor(prompt))
+    assert torch.equal(model.forward_tree(tree), tree_reference(model, prompt, tree))
+    assert "GGUF blocks" not in FastModel(hf, dtype=torch.float32).runtime

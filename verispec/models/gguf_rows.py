@@ -53,8 +53,9 @@ def _keys(lead: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def holds_decoded(path: str | Path) -> bool:
-    """Whether the GGUF file holds matrices of a :data:`DECODED` type (its header only)."""
-    return any(kind in DECODED for _, kind, _ in matrices(Path(path)))
+    """Whether the GGUF file holds matrices the block kernels read (its header only): of a
+    :data:`DECODED` type, or F16 and BF16 ones (read as halves)."""
+    return any(kind in (*DECODED, "F16", "BF16") for _, kind, _ in matrices(Path(path)))
 
 
 class FileRows:

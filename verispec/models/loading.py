@@ -233,4 +233,4 @@ def _dense_note(model: Any, formats: dict[str, int]) -> str:
     return f"; {len(dense)} of {len(products)} products run as dense float32{named}"
 
 
-_READ_AS_BLOCKS = {*DECODED, "F32"}  # GGUF types the block kernels read (F32: dense anyway)
+_READ_AS_BLOCKS = {*DECODED, "F16", "BF16", "F32"}  # GGUF types the kernels read (F32: dense)

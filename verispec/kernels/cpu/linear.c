@@ -29,6 +29,10 @@
  *                and Q5_K rows)
  *   7  Q8_16     struct { float d[2]; int8 q[32]; }  w[i] = q_i * d[h], h = i / 16: Q8_0 with a
  *                scale for each 16 weights (GGUF's Q6_K and Q3_K rows)
+ *   8  F16       uint16 W[N][K], IEEE half precision (needs F16C; vs_block_bytes(8) is 0
+ *                where the build has none)
+ *   9  BF16      uint16 W[N][K], bfloat16: a float32's upper half
+ *                Both widen exactly (every half and every bfloat16 is a float32).
  */
 #include "simd.h"
 #include <stdint.h>
@@ -49,7 +53,11 @@ int vs_block_bytes(int kind) {
          : kind == 2 ? (int)sizeof(block_q8_0)
          : kind == 5 ? (int)sizeof(block_q8_2)
          : kind == 6 ? (int)sizeof(block_q5_1)
-         : kind == 7 ? (int)sizeof(block_q8_16) : 0;
+         : kind == 7 ? (int)sizeof(block_q8_16)
+#if defined(__F16C__)
+         : kind == 8 ? 64
+#endif
+         : kind == 9 ? 64 : 0;
 }
 
 
@@ -62,6 +70,21 @@ static inline __m256 widen_q4_1(__m256i q, __m256 d, __m256 m) {
 static inline __m256 widen_q8_0(const int8_t *q, __m256 d) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))), d);
 }
+/* Eight bfloat16 or half-precision weights, widened exactly. */
+static inline __m256 widen_bf16(const uint16_t *g) {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)g));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+#if defined(__F16C__)
+#define F16_KIND(kind) ((kind) == 8)
+static inline __m256 widen_f16(const uint16_t *g) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+}
+#else
+#define F16_KIND(kind) 0
+static inline __m256 widen_f16(const uint16_t *g) { (void)g; return _mm256_setzero_ps(); }
+#endif
+
 /* Eight Q8_2 weights: q * d + m in one rounding. The loader's q * d is exact for every
  * format held so except Q6_K's (6-bit codes times an 8-bit scale of a float16), whose m is
  * -0: then q * d + m rounds the product once, as the loader does, zero's sign included. */
@@ -97,6 +120,12 @@ static inline float finish(__m256 p0, __m256 p1, __m256 p2, __m256 p3, float bia
             const block_q8_2 *b_ = (const block_q8_2 *)(w) + (i);                            \
             wa = widen_q8_2(b_->q + 8 * (h), b_->d, b_->m);                                  \
             wb = widen_q8_2(b_->q + 8 * (h) + 16, b_->d + 1, b_->m + 1);                     \
+        } else if ((kind) == 9) { /* bfloat16: the upper half of a float32 */                \
+            const uint16_t *g_ = (const uint16_t *)(w) + 32 * (i) + 8 * (h);                 \
+            wa = widen_bf16(g_), wb = widen_bf16(g_ + 16);                                   \
+        } else if (F16_KIND(kind)) {                                                         \
+            const uint16_t *g_ = (const uint16_t *)(w) + 32 * (i) + 8 * (h);                 \
+            wa = widen_f16(g_), wb = widen_f16(g_ + 16);                                     \
         } else if ((kind) == 7) {                                                            \
             const block_q8_16 *b_ = (const block_q8_16 *)(w) + (i);                          \
             wa = widen_q8_0(b_->q + 8 * (h), _mm256_broadcast_ss(b_->d));                    \
@@ -221,8 +250,9 @@ static void rows_dot(int kind, const float *restrict x, int64_t M, const uint8_t
  * hi holds p_2 | p_3 (16..31), so every lane runs the fused multiply-adds it runs in the
  * eight-lane code, in the same order, and finish16 adds the same four vectors the same way:
  * the same bits, half the instructions. A Q4_1 block's 16 bytes widen at once: their low
- * nibbles are weights 0..15, their high nibbles 16..31. Q8_2, Q5_1 and Q8_16 blocks are
- * widened by the eight-lane code and joined: the same values by construction. */
+ * nibbles are weights 0..15, their high nibbles 16..31. The later formats (Q8_2, Q5_1,
+ * Q8_16, F16, BF16) are widened by the eight-lane code and joined: the same values by
+ * construction. */
 #define IOTA16 _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 /* Two eight-lane vectors as one sixteen-lane one (a in lanes 0..7). */
 static inline __m512 join8(__m256 a, __m256 b) {
@@ -243,7 +273,7 @@ static inline __m512 join8(__m256 a, __m256 b) {
             const __m512 d_ = _mm512_set1_ps(b_->d);                                         \
             lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b_->q))), d_); \
             hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b_->q + 16)))), d_); \
-        } else if ((kind) >= 5) { /* Q8_2, Q5_1, Q8_16: eight lanes at a time, joined */     \
+        } else if ((kind) >= 5) { /* the later formats: eight lanes at a time, joined */      \
             __m256 a0_, a1_, a2_, a3_;                                                       \
             QUARTERS(kind, w, i, a0_, a1_, a2_, a3_);                                        \
             lo = join8(a0_, a1_), hi = join8(a2_, a3_);                                      \

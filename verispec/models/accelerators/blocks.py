@@ -57,6 +57,7 @@ __all__ = [
     "FORMATS",
     "HEAD_FORMATS",
     "INT8_KINDS",
+    "HALVES",
     "INT8_PATHS",
     "LAYOUTS",
     "BlockLinear",
@@ -75,8 +76,10 @@ __all__ = [
     "source_id",
 ]
 
-Format = Literal["float32", "q4_0", "q4_1", "q8_0", "q8_2", "q5_1", "q8_16"]
-FORMATS: dict[str, int] = {"float32": 0, "q4_1": 1, "q8_0": 2, "q8_2": 5, "q5_1": 6, "q8_16": 7}
+Format = Literal["float32", "q4_0", "q4_1", "q8_0", "q8_2", "q5_1", "q8_16", "f16", "bf16"]
+FORMATS: dict[str, int] = {
+    "float32": 0, "q4_1": 1, "q8_0": 2, "q8_2": 5, "q5_1": 6, "q8_16": 7, "f16": 8, "bf16": 9,
+}  # fmt: skip
 """The weight formats the kernel reads, by name, with the C code's number for each."""
 ARITHMETICS = ("exact", "int8")
 """How a :class:`BlockLinear` multiplies (its ``arithmetic``): ``"exact"`` widens the weights
@@ -94,9 +97,12 @@ INT8_PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
 """The integer kernel's instruction paths, by the C code's number (``vs_int8_paths``)."""
 _PANEL = 8  # output rows per panel of the integer kernel
 _BLOCK = 32  # weights per block, both formats
-_BLOCK_BYTES = {"q4_1": 24, "q8_0": 36, "q8_2": 48, "q5_1": 28, "q8_16": 40}
+_BLOCK_BYTES = {"q4_1": 24, "q8_0": 36, "q8_2": 48, "q5_1": 28, "q8_16": 40, "bf16": 64}
 # float d, m, 16 nibble bytes / float d, 32 int8 / float d[2], m[2], 32 int8 /
-# float d, m, uint32 fifth bits, 16 nibble bytes / float d[2], 32 int8
+# float d, m, uint32 fifth bits, 16 nibble bytes / float d[2], 32 int8 / 32 bfloat16
+HALVES: tuple[Format, ...] = ("bf16", "f16")
+"""Formats a float32 matrix is read as when every weight is a bfloat16, or a half (a GGUF
+file's BF16 and F16 matrices): 2 bytes a weight, widened exactly."""
 _SOURCES = tuple(cpu_source(n) for n in ("linear.c", "attention.c", "layer.c", "int8.c"))
 _HEADERS = (cpu_source("simd.h"),)
 _STATE: dict[str, object] = {}
@@ -135,6 +141,7 @@ def _build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     lib.vs_int8_use_path.restype = ctypes.c_int
     lib.vs_quantize_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
     lib.vs_quantize_rows.restype = ctypes.c_int
+    _STATE["f16"] = lib.vs_block_bytes(FORMATS["f16"]) == 64  # 0 where built without F16C
     for name, size in _BLOCK_BYTES.items():
         if lib.vs_block_bytes(FORMATS[name]) != size:  # the C struct layout is what we write
             raise RuntimeError(f"the built kernel's {name} block is not {size} bytes")
@@ -177,7 +184,8 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
         weight: float32, Shape: (N, K), K a multiple of 32.
         fmt: ``"q4_1"`` (``w = q * d + m``, ``q`` in 0..15), ``"q4_0"`` (``w = (q - 8) * d``,
             ``q`` in 0..15) or ``"q8_0"`` (``w = q * d``, ``q`` in -127..127), per 32
-            consecutive weights of a row.
+            consecutive weights of a row; or ``"bf16"``, ``"f16"``: every weight a bfloat16
+            or a half, bit for bit (:data:`HALVES`).
 
     Returns:
         uint8, Shape: (N, K / 32 * block bytes): the packed blocks as ``kernels/cpu/linear.c``
@@ -193,6 +201,12 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
     """
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % _BLOCK:
         return None
+    if fmt in HALVES:
+        if fmt == "f16" and not (library() is not None and _STATE.get("f16")):
+            return None  # the kernel was built without F16C
+        narrow = weight.detach().to(torch.bfloat16 if fmt == "bf16" else torch.float16)
+        same = narrow.float().view(torch.int32).equal(weight.detach().view(torch.int32))
+        return narrow.view(torch.uint8).contiguous() if same else None
     rows, cols = weight.shape
     if rows > 1 and recover_blocks(weight[:1], fmt) is None:
         return None  # the first row is not: a cheap no for a matrix of another format
@@ -707,6 +721,8 @@ class BlockProducts(Accelerator):
                     formats: tuple[Format, ...] = (
                         HEAD_FORMATS if child is model.output else BLOCK_FORMATS
                     )
+                    if plan.gguf_file is not None:  # its F16 and BF16 matrices too
+                        formats += HALVES
                     if weights == "q4_1":
                         with torch.no_grad():  # the head's weight is the embedding's: rounded
                             child.weight.copy_(quantize_blocks(child.weight, formats[0]))
