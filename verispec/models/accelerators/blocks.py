@@ -24,6 +24,10 @@ holds by construction, for any row count from one. The float32 format
 runs the same chains on plain float32 weights: the reference the tests compare to, bit
 for bit.
 
+A model loaded from a GGUF file reads its blocks from the file instead, in every format
+llama.cpp's presets write (:mod:`verispec.models.gguf_rows`, :func:`pack_codes`,
+:meth:`BlockLinear.from_codes`), each matrix checked to widen to its weights bit for bit.
+
 Where the kernel cannot be built (no C compiler, no AVX2/FMA, not x86-64), or a matrix is
 not exactly a block format, :class:`~verispec.models.runtime.FastModel` keeps its oneDNN
 path and says why in its ``runtime`` description.
@@ -532,7 +536,8 @@ class BlockLinear(nn.Module):
     ``Module._apply``) is counted (:func:`tensors_replaced`).
 
     Attributes:
-        fmt: ``"q4_1"``, ``"q8_0"`` or ``"float32"``.
+        fmt: the layout (:data:`FORMATS`: ``"q4_1"``, ``"q8_0"``, ``"q8_16"``, ``"q5_1"``,
+            ``"q8_2"``, ``"f16"``, ``"bf16"``) or ``"float32"``.
         arithmetic: ``"exact"`` (float32 products of the widened weights) or ``"int8"``
             (:data:`ARITHMETICS`; Q4_1 and Q8_0 only).
         blocks: the weight as the kernel reads it (uint8 blocks, their panels for ``int8``,
