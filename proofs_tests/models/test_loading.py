@@ -392,5 +392,5 @@ def test_the_target_line_names_the_products_that_run_dense() -> None:
     everything_dense = f"; {n} of {n} products run as dense float32"
     assert _dense_note(blocks, formats) == ("" if kernel_status()[0] else everything_dense)
     dense = FastModel(hf, dtype=torch.float32, weights="dense")
-    note = _dense_note(dense, {**formats, "Q6_K": 1, "F16": 2, "IQ2_XXS": 1})
-    assert note == everything_dense + " (the file's F16, IQ2_XXS matrices have no block kernel)"
+    note = _dense_note(dense, {**formats, "Q6_K": 1, "F16": 2, "IQ2_XXS": 1, "TQ1_0": 3})
+    assert note == everything_dense + " (the file's IQ2_XXS, TQ1_0 matrices have no block kernel)"
