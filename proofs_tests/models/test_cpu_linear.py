@@ -13,6 +13,7 @@ import ctypes
 
 import pytest
 import torch
+from block_checks import assert_avx512_equals_avx2, assert_rows_invariant
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_references import decoded_tree_reference, draft_trees, tree_reference
@@ -126,17 +127,8 @@ def test_rows_do_not_depend_on_row_count_or_threads(fmt: str) -> None:
     block = BlockLinear.from_linear(linear, (fmt,))  # type: ignore[arg-type]
     assert block is not None
     x = torch.randn(40, 1536, generator=torch.Generator().manual_seed(2))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        full = block(x)
-        for rows in range(1, 41):
-            assert torch.equal(block(x[:rows]), full[:rows]), rows
-        assert torch.equal(block(x[7:8]), full[7:8])
-        torch.set_num_threads(2)
-        assert torch.equal(block(x), full)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_invariant(block, x)
+    assert torch.equal(block(x[7:8]), block(x)[7:8])
 
 
 @needs_kernel
@@ -147,26 +139,12 @@ def test_avx512_products_equal_the_avx2_products_bit_for_bit(fmt: str) -> None:
     registers) gives every bit the eight-lane AVX2 build gives, for 1 to 20 rows (the
     register paths and the buffer), with a bias, on one or two threads: the model's numbers
     do not depend on which of the CPU kinds runs it."""
-    narrow = cpu_linear._build(("-mno-avx512f",))
-    native = cpu_linear.library()
-    assert native is not None
     linear = _linear(67, 1536, None if fmt == "float32" else fmt, seed=3, bias=True)
     block = BlockLinear.from_linear(linear, (fmt,))  # type: ignore[arg-type]
-    assert block is not None and block.bias is not None
-    x = torch.randn(20, 1536, generator=torch.Generator().manual_seed(4))
-
-    def product(lib: ctypes.CDLL, rows: int, threads: int) -> torch.Tensor:
-        y = torch.empty(rows, 67)
-        status = lib.vs_linear(
-            block.kind, x.data_ptr(), rows, 1536, block.blocks.data_ptr(), 67,
-            block.bias.data_ptr(), y.data_ptr(), threads,
-        )  # fmt: skip
-        assert status == 0
-        return y
-
-    for rows in range(1, 21):
-        for threads in (1, 2):
-            assert torch.equal(product(native, rows, threads), product(narrow, rows, 1)), rows
+    assert block is not None
+    assert_avx512_equals_avx2(
+        block, torch.randn(20, 1536, generator=torch.Generator().manual_seed(4))
+    )
 
 
 # -- the runtime on block products --------------------------------------------------------

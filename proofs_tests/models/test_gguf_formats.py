@@ -12,12 +12,12 @@ sequential decoding bit for bit.
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from block_checks import assert_avx512_equals_avx2, assert_rows_invariant
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
@@ -30,7 +30,6 @@ from verispec.core import DraftTree
 from verispec.errors import ConfigError
 from verispec.kernels.cpu.features import cpu_flags
 from verispec.models import FastModel, tiny_model
-from verispec.models.accelerators import blocks as blocks_module
 from verispec.models.accelerators.blocks import LAYOUTS, BlockLinear, kernel_status, pack_codes
 from verispec.models.gguf import matrices
 from verispec.models.gguf_codes import DECODED, Codes, decode
@@ -165,17 +164,7 @@ def test_rows_do_not_depend_on_row_count_or_threads(layout: str) -> None:
     """Each row's bits are the same for 1 to 40 rows (the register paths and the widened
     buffer), and on one or two threads."""
     _, block = coded_linear(layout, 67, 1536, seed=6)
-    x = torch.randn(40, 1536, generator=torch.Generator().manual_seed(2))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        full = block(x)
-        for rows in range(1, 41):
-            assert torch.equal(block(x[:rows]), full[:rows]), rows
-        torch.set_num_threads(2)
-        assert torch.equal(block(x), full)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_invariant(block, torch.randn(40, 1536, generator=torch.Generator().manual_seed(2)))
 
 
 @needs_kernel
@@ -185,25 +174,10 @@ def test_avx512_products_equal_the_avx2_products_bit_for_bit(layout: str) -> Non
     """On an AVX-512 CPU the native build (16-lane registers, the new layouts widened eight
     lanes at a time and joined) gives every bit the eight-lane AVX2 build gives, for 1 to 20
     rows, on one or two threads."""
-    narrow = blocks_module._build(("-mno-avx512f",))
-    native = blocks_module.library()
-    assert native is not None
     _, block = coded_linear(layout, 67, 1536, seed=3, bias=True)
-    assert block.bias is not None
-    x = torch.randn(20, 1536, generator=torch.Generator().manual_seed(4))
-
-    def product(lib: ctypes.CDLL, rows: int, threads: int) -> torch.Tensor:
-        y = torch.empty(rows, 67)
-        status = lib.vs_linear(
-            block.kind, x.data_ptr(), rows, 1536, block.blocks.data_ptr(), 67,
-            block.bias.data_ptr(), y.data_ptr(), threads,
-        )  # fmt: skip
-        assert status == 0
-        return y
-
-    for rows in range(1, 21):
-        for threads in (1, 2):
-            assert torch.equal(product(native, rows, threads), product(narrow, rows, 1)), rows
+    assert_avx512_equals_avx2(
+        block, torch.randn(20, 1536, generator=torch.Generator().manual_seed(4))
+    )
 
 
 @needs_kernel
@@ -407,17 +381,8 @@ def test_half_matrices_are_read_as_halves_bit_for_bit(fmt: str) -> None:
     assert block is not None and block.fmt == fmt and twin is not None
     assert torch.equal(block.dequantized().view(torch.int32), linear.weight.view(torch.int32))
     x = torch.randn(40, 576, generator=torch.Generator().manual_seed(2))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        full = block(x)
-        assert torch.equal(full, twin(x))
-        for rows in range(1, 41):
-            assert torch.equal(block(x[:rows]), full[:rows]), rows
-        torch.set_num_threads(2)
-        assert torch.equal(block(x), full)
-    finally:
-        torch.set_num_threads(threads)
+    assert torch.equal(block(x), twin(x))
+    assert_rows_invariant(block, x)
     with torch.no_grad():
         linear.weight[3, 5] = torch.nextafter(linear.weight[3, 5], torch.tensor(1.0))
     assert BlockLinear.from_linear(linear, (fmt,)) is None  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ import torch
 from verispec.models.gguf import matrices
 from verispec.models.gguf_codes import DECODED, GROUP, Codes, decode
 
-__all__ = ["FileRows", "holds_decoded"]
+__all__ = ["KERNEL_TYPES", "FileRows", "holds_decoded"]
 
 _DECODED_LEAD = 256  # the leading weights of a row decoded for its key (whole blocks of any format)
 _KEYED = 64  # the leading weights a key is made from
@@ -52,10 +52,14 @@ def _keys(lead: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (pairs * multipliers).sum(1, dtype=np.uint64), exponent  # wraps modulo 2**64
 
 
+KERNEL_TYPES = (*DECODED, "F16", "BF16")
+"""The GGUF matrix types the block kernels read: the :data:`DECODED` ones, and F16 and BF16
+(read as halves)."""
+
+
 def holds_decoded(path: str | Path) -> bool:
-    """Whether the GGUF file holds matrices the block kernels read (its header only): of a
-    :data:`DECODED` type, or F16 and BF16 ones (read as halves)."""
-    return any(kind in (*DECODED, "F16", "BF16") for _, kind, _ in matrices(Path(path)))
+    """Whether the GGUF file holds matrices of the :data:`KERNEL_TYPES` (its header only)."""
+    return any(kind in KERNEL_TYPES for _, kind, _ in matrices(Path(path)))
 
 
 class FileRows:

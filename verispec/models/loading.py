@@ -33,8 +33,7 @@ from verispec.errors import ConfigError, ModelFileError
 from verispec.kernels.dtypes import auto_dtype
 from verispec.models import gguf
 from verispec.models.accelerators.blocks import BlockLinear, holds_blocks, kernel_status
-from verispec.models.gguf_codes import DECODED
-from verispec.models.gguf_rows import holds_decoded
+from verispec.models.gguf_rows import KERNEL_TYPES
 from verispec.models.invariance import RowProduct
 from verispec.models.target import DType, Runtime, check_dtype, check_runtime, make_target
 
@@ -163,6 +162,7 @@ def load_model(
     check_runtime(runtime)
     dtype = check_dtype(dtype)
     kind, source = model_source(path)
+    gguf_file = source if kind == "gguf" else None  # its blocks are read from it too
     what = f"the converted copy of `{path}`" if kind == "gguf" else f"`{path}`"
     auto = dtype == "auto"
     if auto:  # the weights decide (auto_dtype): read in float32 where blocks would keep it
@@ -184,10 +184,7 @@ def load_model(
         hf_model = _read_causal_lm(source, dtype, what)
     hf_model = hf_model.to(device)
     if auto and dtype == torch.float32 and arithmetic == "exact":  # float32 where blocks are
-        blocks = holds_blocks(hf_model) or (
-            kind == "gguf" and kernel_status()[0] and holds_decoded(Path(path))
-        )
-        dtype = auto_dtype(device, blocks=blocks)
+        dtype = auto_dtype(device, blocks=holds_blocks(hf_model, gguf_file))
         if dtype != torch.float32:  # cast only then: `to` casts the buffers too
             hf_model = hf_model.to(dtype)
     tokenizer_source = Path(tokenizer).expanduser() if tokenizer is not None else source
@@ -207,7 +204,7 @@ def load_model(
         keep_source=keep_source,
         weights=weights,
         arithmetic=arithmetic,
-        gguf_file=Path(path).expanduser() if kind == "gguf" else None,
+        gguf_file=gguf_file,
     )
     if kind == "gguf":
         model.runtime_note += _dense_note(model, gguf.matrix_formats(Path(path)))
@@ -233,4 +230,4 @@ def _dense_note(model: Any, formats: dict[str, int]) -> str:
     return f"; {len(dense)} of {len(products)} products run as dense float32{named}"
 
 
-_READ_AS_BLOCKS = {*DECODED, "F16", "BF16", "F32"}  # GGUF types the kernels read (F32: dense)
+_READ_AS_BLOCKS = {*KERNEL_TYPES, "F32"}  # GGUF types the kernels read (F32: dense anyway)

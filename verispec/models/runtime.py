@@ -77,7 +77,6 @@ from verispec.models.accelerators.c_layers import CLayers
 from verispec.models.accelerators.onednn import Prepacked
 from verispec.models.accelerators.probe import row_invariant_kernels
 from verispec.models.accelerators.registry import accelerate
-from verispec.models.gguf_rows import holds_decoded
 from verispec.models.invariance import VALUE_BLOCK, min_pass_tokens, min_product_rows
 from verispec.models.llama import KVCache, Pass, PassKind, Transformer, from_hf
 
@@ -181,11 +180,11 @@ class FastModel(TreeSequenceModel):
             Speculative decoding is exact with respect to this model: every method's
             answer equals its own ``ar``'s (docs/runtime.rst, "Integer arithmetic").
         gguf_file: the GGUF file ``hf_model`` was dequantized from
-            (:func:`~verispec.models.load_model` passes it). The matrices whose float32
-            weights do not give their blocks back (the K-quants, Q5_0, Q5_1, IQ4_NL,
-            IQ4_XS) are then read from the file (:mod:`verispec.models.gguf_rows`) and
-            multiplied as blocks too, each checked to widen to the weights bit for bit
-            (docs/models.rst, "GGUF formats").
+            (:func:`~verispec.models.load_model` passes it). Its matrices are then read as
+            the file's own blocks (:mod:`verispec.models.gguf_rows`), in every format
+            llama.cpp's presets write, F16 and BF16 as halves, where float32 recovery
+            finds only Q4_1, Q4_0 and Q8_0; each is checked to widen to the weights bit for
+            bit (docs/models.rst, "GGUF formats").
 
     The caches are kept across sequences (``reset`` forgets the tokens, not the
     buffers), so a second generation allocates nothing.
@@ -236,8 +235,7 @@ class FastModel(TreeSequenceModel):
         if arithmetic == "int8":
             dtype = _int8_dtype(device, dtype, weights, batch_invariant)
         if dtype == "auto":
-            from_file = source is not None and kernel_status()[0] and holds_decoded(source)
-            dtype = auto_dtype(device, blocks=from_file or holds_blocks(hf_model))
+            dtype = auto_dtype(device, blocks=holds_blocks(hf_model, source))
         if dtype is not None and dtype not in FLOAT_DTYPES:
             raise ConfigError(f"`dtype` must be one of {dtype_names()} or 'auto'; got {dtype!r}.")
         if prepack not in (True, False, "auto"):

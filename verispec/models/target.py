@@ -92,8 +92,8 @@ def make_target(
         arithmetic: ``"exact"`` (default) or ``"int8"``: integer products of the blocks'
             codes and 8-bit activations, a different model (:class:`FastModel`); it needs
             the fast runtime on a CPU.
-        gguf_file: the GGUF file ``hf_model`` was read from: the runtime reads the blocks
-            of its K-quant, 5-bit and IQ4 matrices from it (:class:`FastModel`).
+        gguf_file: the GGUF file ``hf_model`` was read from: the runtime reads its
+            matrices' blocks from it, every format the presets write (:class:`FastModel`).
 
     The returned model's ``runtime_note`` says which was picked and why.
 

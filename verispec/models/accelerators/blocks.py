@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import numpy as np
@@ -50,7 +51,7 @@ from verispec.kernels.cpu.build import build, source_hash
 from verispec.models.accelerators.base import Accelerator, Plan
 from verispec.models.accelerators.linear_op import PACKED_LINEAR
 from verispec.models.gguf_codes import Codes
-from verispec.models.gguf_rows import FileRows
+from verispec.models.gguf_rows import FileRows, holds_decoded
 
 if TYPE_CHECKING:
     from verispec.models.llama import Transformer
@@ -377,13 +378,17 @@ def pack_codes(
     return None
 
 
-def holds_blocks(model: nn.Module) -> bool:
+def holds_blocks(model: nn.Module, gguf_file: Path | None = None) -> bool:
     """Whether the block kernel runs here and ``model``'s first ``nn.Linear`` (CPU, float32)
-    is exactly Q4_1, Q4_0 or Q8_0 blocks: a GGUF file's weights, dequantized. Then float32
-    reads the file's blocks (:func:`~verispec.kernels.dtypes.auto_dtype`)."""
+    is exactly Q4_1, Q4_0 or Q8_0 blocks (a GGUF file's weights, dequantized), or
+    ``gguf_file`` holds matrices the kernels read from it
+    (:func:`~verispec.models.gguf_rows.holds_decoded`). Then float32 reads the file's blocks
+    (:func:`~verispec.kernels.dtypes.auto_dtype`)."""
     first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
     if first is None or first.weight.device.type != "cpu" or not kernel_status()[0]:
         return False
+    if gguf_file is not None and holds_decoded(gguf_file):
+        return True
     weight = first.weight.detach()
     return any(recover_blocks(weight, fmt) is not None for fmt in BLOCK_FORMATS)
 
