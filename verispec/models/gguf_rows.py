@@ -77,7 +77,6 @@ class FileRows:
 
     def __init__(self, path: str | Path) -> None:
         self._matrices: list[tuple[str, np.ndarray, int]] = []  # (type, bytes, row length)
-        self._decoded: dict[int, Codes] = {}
         self.types: dict[str, int] = {}
         keys, exponents, places = [], [], []
         for tensor, kind, data in matrices(Path(path)):
@@ -100,10 +99,10 @@ class FileRows:
         self._places = np.concatenate(places) if places else np.zeros((0, 2), np.int64)
 
     def _codes(self, index: int) -> Codes:
-        if index not in self._decoded:
-            kind, data, cols = self._matrices[index]
-            self._decoded[index] = decode(kind, np.asarray(data), cols)
-        return self._decoded[index]
+        """Matrix ``index`` decoded whole (each time: a matrix is asked for once or twice, and
+        keeping them all would hold 1.5 bytes a weight)."""
+        kind, data, cols = self._matrices[index]
+        return decode(kind, np.asarray(data), cols)
 
     def codes_for(self, weight: torch.Tensor) -> Codes | None:
         """The codes of the file's rows whose values are ``weight``'s rows up to a power of

@@ -317,11 +317,12 @@ def _shifted(blocks: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray | N
     k = np.where(m == 0, np.float32(0), -m / safe)
     if not (np.round(k) == k).all() or np.abs(k).max(initial=0) > 255:
         return None
-    shift = np.repeat(k.astype(np.int32), _BLOCK // d.shape[-1], axis=-1)
-    shifted = blocks.astype(np.int32) - shift
+    groups = d.shape[-1]
+    grouped = blocks.reshape(*blocks.shape[:-1], groups, _BLOCK // groups)
+    shifted = grouped.astype(np.int16) - k.astype(np.int16)[..., None]  # |k| <= 255: fits
     if shifted.min(initial=0) < -128 or shifted.max(initial=0) > 127:
         return None
-    return shifted.astype(np.int8)
+    return shifted.astype(np.int8).reshape(blocks.shape)
 
 
 def pack_codes(
@@ -755,6 +756,7 @@ class BlockProducts(Accelerator):
                     replace(child, f"{prefix}{name}.")
 
         replace(model, "")
+        read.clear()  # `replace` refers to itself: drop the file's rows now, not at a collection
         if refused and (weights != "auto" or arithmetic == "int8"):
             raise ConfigError(
                 f"`weights={weights!r}`, `arithmetic={arithmetic!r}`: {len(refused)} matrices "
