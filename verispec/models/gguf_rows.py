@@ -22,21 +22,12 @@ import numpy as np
 import torch
 
 from verispec.models.gguf import matrices
-from verispec.models.gguf_codes import DECODED, GROUP, Codes, decode
+from verispec.models.gguf_codes import DECODED, GROUP, Codes, decode, widen
 
 __all__ = ["KERNEL_TYPES", "FileRows", "holds_decoded"]
 
 _DECODED_LEAD = 256  # the leading weights of a row decoded for its key (whole blocks of any format)
 _KEYED = 64  # the leading weights a key is made from
-
-
-def _widened(codes: Codes, cols: int) -> np.ndarray:
-    """The first ``cols`` weights of each row ``codes`` stand for, float32, as the ``gguf``
-    package computes them: ``code * scale`` and then ``+ low``, two roundings (one where the
-    product is exact)."""
-    scale = np.repeat(codes.scale[:, : cols // GROUP], GROUP, axis=1)
-    low = np.repeat(codes.low[:, : cols // GROUP], GROUP, axis=1)
-    return codes.code[:, :cols].astype(np.float32) * scale + low
 
 
 def _keys(lead: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +76,7 @@ class FileRows:
                 continue
             lead = min(cols, _DECODED_LEAD)
             head = np.asarray(data[:, : data.shape[1] * lead // cols])
-            key, exponent = _keys(_widened(decode(kind, head, lead), min(cols, _KEYED)))
+            key, exponent = _keys(widen(decode(kind, head, lead), min(cols, _KEYED)))
             rows = len(key)
             keys.append(key)
             exponents.append(exponent)
@@ -115,23 +106,55 @@ class FileRows:
         if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % 32:
             return None
         cols = weight.shape[1]
-        keys, exponent = _keys(weight.detach()[:, :_KEYED].cpu().numpy())
-        at = np.minimum(np.searchsorted(self._keys, keys), max(len(self._keys) - 1, 0))
-        if not len(self._keys) or (self._keys[at] != keys).any():
+        rows_of = weight.detach().cpu().numpy()
+        keys, exponent = _keys(rows_of[:, :_KEYED])
+        if not len(self._keys):
             return None
-        found = self._order[at]
+        left = np.searchsorted(self._keys, keys, "left")
+        right = np.searchsorted(self._keys, keys, "right")
+        if (right == left).any():
+            return None
+        found = self._order[left]
         sources, rows = self._places[found, 0], self._places[found, 1]
+        if any(self._matrices[source][2] != cols for source in np.unique(sources)):
+            return None
         shift = (exponent - self._exponents[found]).astype(np.int32)
         power = np.ldexp(np.float32(1), shift)[:, None].astype(np.float32)
         code = np.empty((len(rows), cols), dtype=np.int8)
         scale = np.empty((len(rows), cols // GROUP), dtype=np.float32)
         low = np.empty_like(scale)
         for source in np.unique(sources):
-            if self._matrices[source][2] != cols:
-                return None
             codes, chosen = self._codes(int(source)), sources == source
             picked = rows[chosen]
             code[chosen] = codes.code[picked]
             scale[chosen] = codes.scale[picked] * power[chosen]
             low[chosen] = codes.low[picked] * power[chosen]
-        return Codes(code=code, scale=scale, low=low)
+        codes = Codes(code=code, scale=scale, low=low)
+        for i in np.flatnonzero(right - left > 1):  # rows whose leading values others share
+            self._settle(
+                codes, int(i), rows_of[i], self._order[left[i] : right[i]], int(exponent[i])
+            )
+        return codes
+
+    def _settle(
+        self, codes: Codes, i: int, row: np.ndarray, candidates: np.ndarray, exponent: int
+    ) -> None:
+        """Row ``i`` of ``codes`` from the first of the ``candidates`` (indices of file rows
+        with the same key) that widens to ``row``, where the first one found does not: rows
+        that agree in their leading 64 values (an embedding's unused tokens) differ later."""
+        first = Codes(
+            code=codes.code[i : i + 1], scale=codes.scale[i : i + 1], low=codes.low[i : i + 1]
+        )
+        if np.array_equal(widen(first, len(row))[0], row):
+            return
+        for candidate in candidates:
+            source, file_row = self._places[candidate]
+            kind, data, cols = self._matrices[source]
+            if cols != len(row):
+                continue
+            one = decode(kind, np.asarray(data[file_row : file_row + 1]), cols)
+            power = np.ldexp(np.float32(1), exponent - self._exponents[candidate])
+            one = Codes(code=one.code, scale=one.scale * power, low=one.low * power)
+            if np.array_equal(widen(one, cols)[0], row):
+                codes.code[i], codes.scale[i], codes.low[i] = one.code[0], one.scale[0], one.low[0]
+                return

@@ -422,7 +422,9 @@ def from_hf(hf_model: Any, *, dtype: torch.dtype | None = None, max_positions: i
         )
     source = next(hf_model.parameters())
     dtype = dtype or source.dtype
-    model = Transformer(args).to(source.dtype)  # copies below are exact; the cast comes last
+    with torch.device("meta"):  # no initialisation: every parameter is copied below
+        model = Transformer(args)
+    model = model.to_empty(device=source.device).to(source.dtype)  # exact copies; cast last
     with torch.no_grad():
         model.tok_embeddings.weight.copy_(decoder.embed_tokens.weight)
         model.output.weight.copy_(hf_model.get_output_embeddings().weight)
