@@ -43,21 +43,13 @@ def test_package_without_weights(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 def test_failed_conversion_leaves_no_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A conversion that fails half-way (writing the float32 weights) leaves neither a cache
     entry nor a staging directory."""
-    import types
+    import safetensors.torch
 
-    import transformers
+    def half_written(tensors: object, filename: str, metadata: object = None) -> None:
+        Path(filename).write_bytes(b"half")  # the disk fills while the weights are written
+        raise OSError("disk full (simulated)")
 
-    class HalfWritten:  # the model read, then the disk fills while its weights are written
-        config = types.SimpleNamespace()
-
-        def save_pretrained(self, directory: Path) -> None:
-            (Path(directory) / "model.safetensors").write_bytes(b"half")
-            raise OSError("disk full (simulated)")
-
-    monkeypatch.setattr(
-        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: HalfWritten()
-    )
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
+    monkeypatch.setattr(safetensors.torch, "save_file", half_written)
     with pytest.raises(OSError, match="simulated"):
         load_default_model(cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []

@@ -21,6 +21,7 @@ from block_checks import assert_avx512_equals_avx2, assert_rows_invariant
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
+from gguf_files import HALVES, random_blocks, write_gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_references import draft_trees, tree_reference
@@ -38,12 +39,6 @@ from verispec.models.gguf_rows import FileRows
 available, why = kernel_status()
 needs_kernel = pytest.mark.skipif(not available, reason=f"block kernel unavailable: {why}")
 
-# where each format keeps its float16 fields (random bytes there could be inf or NaN)
-_HALVES = {
-    "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-    "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
-    "IQ4_NL": [0], "IQ4_XS": [0],
-}  # fmt: skip
 # the layout each format's blocks are multiplied in
 _LAYOUT = {
     "Q4_0": "q4_1", "Q4_1": "q4_1", "Q4_K": "q4_1", "Q5_0": "q8_0", "Q5_1": "q5_1",
@@ -53,19 +48,6 @@ _LAYOUT = {
 # and under arithmetic="int8", where only Q4_1 and Q8_0 have integer products
 _INT8_LAYOUT = {"Q4_0": "q4_1", "Q4_1": "q4_1", "Q4_K": "q4_1", "Q5_0": "q8_0", "Q8_0": "q8_0",
                 "IQ4_NL": "q8_0", "IQ4_XS": "q8_0"}  # fmt: skip
-
-
-def random_blocks(kind: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random bytes as ``rows`` rows of ``kind`` blocks, their float16 fields finite and
-    normal (some negative, as llama.cpp's Q4_0, Q5_0 and Q6_K scales are)."""
-    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
-    rng = np.random.default_rng(seed)
-    data = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
-    for at in _HALVES[kind]:
-        sign = rng.choice([-1.0, 1.0], len(data))
-        halves = (sign * rng.uniform(0.01, 0.1, len(data))).astype(np.float16)
-        data[:, at : at + 2] = halves.view(np.uint8).reshape(-1, 2)
-    return data.reshape(rows, -1)
 
 
 def widened(kind: str, data: np.ndarray, cols: int) -> torch.Tensor:
@@ -78,7 +60,7 @@ def test_the_decoders_cover_the_formats_of_llama_cpps_presets() -> None:
     """Every block format llama.cpp's quantization presets write (the K-quant mixes fall
     back to Q4_0, Q5_0, Q5_1, Q8_0 and IQ4_NL for widths that are not whole super-blocks)
     has a decoder."""
-    assert set(DECODED) == set(_HALVES)
+    assert set(DECODED) == set(HALVES)
 
 
 @needs_kernel
@@ -199,17 +181,6 @@ def test_from_codes_refuses_codes_that_do_not_widen_to_the_weight() -> None:
 
 
 # -- finding a file's rows -----------------------------------------------------------------
-
-
-def write_gguf(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
-    """A GGUF file of raw block matrices (name: (type name, bytes (rows, row bytes)))."""
-    writer = GGUFWriter(str(path), "llama")
-    for name, (kind, data) in tensors.items():
-        writer.add_tensor(name, data, raw_dtype=GGMLQuantizationType[kind])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def test_the_header_reader_finds_every_matrix(tmp_path: Path) -> None:

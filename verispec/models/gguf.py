@@ -41,6 +41,7 @@ __all__ = [
     "convert",
     "converted_dir",
     "embedded_gguf",
+    "header",
     "matrices",
     "matrix_formats",
 ]
@@ -113,27 +114,13 @@ def convert(gguf: Path, target: Path) -> None:
 
 
 def _write_converted(gguf: Path, target: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verispec.models.gguf_convert import write_converted  # (it reads with this module)
 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        try:
-            model: Any = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-            )
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        except Exception as exc:  # the gguf reader's ValueError, struct.error, KeyError...
-            raise ModelFileError(
-                f"cannot read the GGUF file `{gguf}` ({gguf.stat().st_size} bytes): "
-                f"{exception_text(exc)}"
-            ) from exc
-        # The weights are dequantized float32 now: drop the GGUF marker so they save plainly.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        if not write_converted(gguf, staging):
+            _write_with_transformers(gguf, staging)
         staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
         try:
             os.rename(staging, target)
@@ -143,6 +130,33 @@ def _write_converted(gguf: Path, target: Path) -> None:
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_with_transformers(gguf: Path, staging: Path) -> None:
+    """The converted copy as ``transformers`` writes it, for a file
+    :func:`~verispec.models.gguf_convert.write_converted` does not cover."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as exc:  # the gguf reader's ValueError, struct.error, KeyError...
+        raise file_error(gguf, exc) from exc
+    # The weights are dequantized float32 now: drop the GGUF marker so they save plainly.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+
+
+def file_error(gguf: Path, exc: BaseException) -> ModelFileError:
+    """The error for a GGUF file that a library failed to read, with the library's words."""
+    return ModelFileError(
+        f"cannot read the GGUF file `{gguf}` ({gguf.stat().st_size} bytes): {exception_text(exc)}"
+    )
 
 
 def exception_text(exc: BaseException) -> str:
@@ -159,6 +173,7 @@ def exception_text(exc: BaseException) -> str:
 
 # bytes of each fixed-size metadata value type (gguf's GGUFValueType); 8 is a string, 9 an array
 _VALUE_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_VALUE_FORMATS = dict(zip(_VALUE_BYTES, "BbHhIif?Qqd", strict=True))  # their struct formats
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
 _VERSIONS = (2, 3)  # the versions the gguf package (transformers' reader) reads
 _MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
@@ -206,24 +221,38 @@ class _Cursor:
         start = self.skip(n)
         return self.data[start : start + min(n, 100)].decode("utf-8", "replace")
 
-    def value(self, kind: int) -> None:
-        """Move past one metadata value of type ``kind``."""
+    def value(self, kind: int) -> Any:
+        """One metadata value of type ``kind``, moved past: a number, a string, a list of
+        numbers, or for an array of strings (a vocabulary, merges) only its length."""
         if kind in _VALUE_BYTES:
-            self.skip(_VALUE_BYTES[kind])
-        elif kind == _STRING:
-            self.skip(self.uint(8))
-        elif kind == _ARRAY:
-            item, count = self.uint(4), self.uint(8)
-            least = _VALUE_BYTES.get(item, 8 if item == _STRING else 12)  # bytes per item
-            if self.at + count * least > len(self.data):  # (no loop over a corrupt count)
-                raise _CutShort(self.at + count * least, exact=False)
-            if item in _VALUE_BYTES:
-                self.skip(count * least)
-            else:
-                for _ in range(count):
-                    self.value(item)
-        else:
+            start = self.skip(_VALUE_BYTES[kind])
+            return struct.unpack_from(self.order + _VALUE_FORMATS[kind], self.data, start)[0]
+        if kind == _STRING:
+            n = self.uint(8)
+            start = self.skip(n)
+            return bytes(self.data[start : start + n]).decode("utf-8", "replace")
+        if kind != _ARRAY:
             raise _Corrupt(f"has value type {kind}, which is no GGUF type")
+        item, count = self.uint(4), self.uint(8)
+        least = _VALUE_BYTES.get(item, 8 if item == _STRING else 12)  # bytes per item
+        if self.at + count * least > len(self.data):  # (no loop over a corrupt count)
+            raise _CutShort(self.at + count * least, exact=False)
+        if item in _VALUE_BYTES:
+            start = self.skip(count * least)
+            dtype = np.dtype(self.order + _VALUE_FORMATS[item])
+            return np.frombuffer(self.data, dtype, count, start).tolist()
+        if item == _STRING:  # a vocabulary: 50,000 strings and more, walked in one loop
+            length = struct.Struct(self.order + "Q").unpack_from
+            data, at, end = self.data, self.at, len(self.data)
+            for _ in range(count):
+                if at + 8 > end:
+                    raise _CutShort(at + 8)
+                at += 8 + length(data, at)[0]
+                if at > end:
+                    raise _CutShort(at)
+            self.at = at
+            return count
+        return [self.value(item) for _ in range(count)]
 
 
 def check_file(gguf: Path) -> None:
@@ -275,9 +304,12 @@ class TensorInfo:
     start: int
 
 
-def _layout(cursor: _Cursor) -> tuple[list[TensorInfo], str] | None:
+def _layout(
+    cursor: _Cursor, values: dict[str, Any] | None = None
+) -> tuple[list[TensorInfo], str] | None:
     """The tensors the file under ``cursor`` describes, and ``where`` the last read was;
-    ``None`` for a version or alignment this reader leaves to the ``gguf`` package.
+    ``None`` for a version or alignment this reader leaves to the ``gguf`` package. The
+    metadata go into ``values`` where one is given (:meth:`_Cursor.value`'s forms).
 
     Raises:
         _CutShort, _Corrupt: with ``cursor.where`` naming what was being read.
@@ -297,10 +329,11 @@ def _layout(cursor: _Cursor) -> tuple[list[TensorInfo], str] | None:
         key = cursor.string()
         cursor.where += f" (`{key}`)"
         kind = cursor.uint(4)
+        value = cursor.value(kind)
         if key == "general.alignment" and kind == _UINT32:
-            alignment = cursor.uint(4)
-        else:
-            cursor.value(kind)
+            alignment = value
+        if values is not None:
+            values[key] = value
     described = []
     for i in range(tensors):
         cursor.where = f"the description of tensor {i + 1} of {tensors}"
@@ -354,6 +387,26 @@ def _layout_problem(cursor: _Cursor) -> str | None:
     )
 
 
+def header(gguf: Path) -> tuple[dict[str, Any], list[TensorInfo]]:
+    """The metadata (by key; an array of strings as its length) and the tensors of a GGUF
+    file, read by verispec's own reader.
+
+    Raises:
+        ModelFileError: the file is not one this reader reads whole (a version or alignment
+            it leaves to the ``gguf`` package), or is cut short or corrupt.
+    """
+    values: dict[str, Any] = {}
+    with open(gguf, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        cursor = _Cursor(data, "<")
+        try:
+            layout = _layout(cursor, values)
+        except (_CutShort, _Corrupt):
+            layout = None
+    if layout is None:
+        raise ModelFileError(f"cannot read the header of the GGUF file `{gguf}` here")
+    return values, layout[0]
+
+
 def matrices(gguf: Path) -> list[tuple[TensorInfo, str, np.ndarray]]:
     """Each matrix (tensor of two dimensions) of a GGUF file whose type the ``gguf`` package
     knows: its description, its type's name (``"Q4_K"``) and its bytes as the file holds
@@ -370,14 +423,16 @@ def matrices(gguf: Path) -> list[tuple[TensorInfo, str, np.ndarray]]:
     if layout is None:
         return []
     found: list[tuple[TensorInfo, str, np.ndarray]] = []
+    whole = np.memmap(gguf, np.uint8, "r")
     for tensor in layout[0]:
         if len(tensor.shape) != 2 or tensor.kind not in sizes:
             continue
         block, block_bytes = sizes[tensor.kind]
         cols, rows = tensor.shape
-        if cols % block or tensor.start + rows * cols // block * block_bytes > gguf.stat().st_size:
+        row_bytes = cols // block * block_bytes
+        if cols % block or tensor.start + rows * row_bytes > len(whole):
             continue
-        raw = np.memmap(gguf, np.uint8, "r", tensor.start, (rows, cols // block * block_bytes))
+        raw = whole[tensor.start : tensor.start + rows * row_bytes].reshape(rows, row_bytes)
         found.append((tensor, GGMLQuantizationType(tensor.kind).name, raw))
     return found
 

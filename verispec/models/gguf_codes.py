@@ -41,7 +41,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-__all__ = ["DECODED", "GROUP", "Codes", "decode"]
+__all__ = ["DECODED", "GROUP", "Codes", "decode", "dequantize", "widen"]
 
 GROUP = 16
 """Weights of a row that share one scale and one low in :class:`Codes`."""
@@ -234,3 +234,31 @@ def decode(kind: str, data: np.ndarray, cols: int) -> Codes:
         scale=scale.reshape(rows, cols // GROUP),
         low=low.reshape(rows, cols // GROUP),
     )
+
+
+def widen(codes: Codes, cols: int | None = None) -> np.ndarray:
+    """The first ``cols`` (default: all) weights of each row ``codes`` stand for, float32, as
+    the ``gguf`` package computes them: ``code * scale`` and then ``+ low``, two roundings
+    (one where the product is exact). Shape: (rows, cols)."""
+    rows, cols = codes.code.shape[0], codes.code.shape[1] if cols is None else cols
+    code = codes.code[:, :cols].reshape(rows, cols // GROUP, GROUP).astype(np.float32)
+    code *= codes.scale[:, : cols // GROUP, None]
+    code += codes.low[:, : cols // GROUP, None]
+    return code.reshape(rows, cols)
+
+
+def dequantize(kind: str, data: np.ndarray, cols: int) -> np.ndarray:
+    """A GGUF block matrix widened to float32 bit for bit as the ``gguf`` package widens it
+    (what ``transformers`` loads), a zero's sign included: Q4_0's and Q5_0's ``(q - 8) d``
+    is a zero of ``d``'s sign where ``q d - 8 d`` is +0. Shape: (rows, cols).
+
+    Raises:
+        ValueError: as :func:`decode`.
+    """
+    codes = decode(kind, data, cols)
+    values = widen(codes)
+    if kind in ("Q4_0", "Q5_0"):
+        rows, cols = values.shape
+        grouped = values.reshape(rows, cols // GROUP, GROUP)
+        np.copyto(grouped, np.copysign(grouped, codes.scale[..., None]), where=grouped == 0)
+    return values
