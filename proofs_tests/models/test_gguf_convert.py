@@ -24,9 +24,8 @@ from verispec import SpeculativeDecoder
 from verispec.drafters import TokenRecycling
 from verispec.models import FastModel
 from verispec.models.accelerators.blocks import BlockLinear, kernel_status
-from verispec.models.gguf import _write_with_transformers
 from verispec.models.gguf_codes import DECODED, dequantize
-from verispec.models.gguf_convert import write_converted
+from verispec.models.gguf_convert import _write_with_transformers, write_converted
 from verispec.models.loading import load_model
 
 

@@ -284,6 +284,7 @@ def test_a_gguf_file_cut_short_is_one_line_in_the_files_terms_before_any_work(
     from verispec.bench.commands import target
     from verispec.errors import ModelFileError
     from verispec.models import gguf as gguf_files
+    from verispec.models import gguf_convert
 
     full = _small_gguf(tmp_path / "full.gguf")
     gguf_files.check_file(full)  # the whole file passes
@@ -298,7 +299,7 @@ def test_a_gguf_file_cut_short_is_one_line_in_the_files_terms_before_any_work(
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("the long work started before the file was checked")
 
-    monkeypatch.setattr(gguf_files, "_write_converted", never)
+    monkeypatch.setattr(gguf_convert, "_write_converted", never)
     monkeypatch.setattr(target, "load", never)
     expected = f"cannot read the GGUF file `{cut}` ({keep} bytes): the file is cut short: {says}"
     with pytest.raises(ModelFileError) as info:
@@ -341,7 +342,7 @@ def test_a_damaged_converted_copy_is_converted_again(
     """A GGUF file's cached conversion whose weights were cut short (a disk filled mid-write,
     a stray edit) is not an error for ever: it is removed, converted again once (a notice
     says so), and the model loads."""
-    from verispec.models import gguf as gguf_files
+    from verispec.models import gguf_convert
 
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF-not-read-here")
@@ -355,7 +356,7 @@ def test_a_damaged_converted_copy_is_converted_again(
         conversions.append(source)
         save_tiny_model(target)
 
-    monkeypatch.setattr(gguf_files, "convert", convert)
+    monkeypatch.setattr(gguf_convert, "convert", convert)
     model, tokenizer = load_model(gguf, cache_dir=tmp_path / "cache")
     assert isinstance(model, FastModel) and len(tokenizer) == 258
     assert conversions == [gguf]

@@ -1,4 +1,9 @@
-"""A Llama GGUF file converted without ``transformers``' GGUF reader, bit for bit as it does.
+"""A GGUF file converted once to a ``transformers`` model directory: :func:`convert`.
+
+The copy is written to a temporary directory beside its final place and renamed into
+place, so an interrupted conversion never leaves a half-written cache. A Llama file is
+converted by verispec itself (:func:`write_converted`), bit for bit as ``transformers``
+converts it; any other file by ``transformers``.
 
 ``transformers`` converts a GGUF file through the ``gguf`` package's reader, which builds a
 numpy view for every metadata value (about 3 s for a 49,152-token vocabulary, read three
@@ -22,24 +27,27 @@ types or F32, F16 and BF16. The result is what ``transformers`` writes:
 * the tokenizer ``transformers`` builds from the file's metadata
   (``PreTrainedTokenizerFast``, whose GGUF reader reads only the vocabulary and merges).
 
-Any other file returns ``False`` and is converted by ``transformers``
-(:func:`verispec.models.gguf.convert`).
+Any other file returns ``False`` and is converted by ``transformers``.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from verispec.core.notices import waiting
 from verispec.errors import ModelFileError
-from verispec.models.gguf import TensorInfo, file_error, header
+from verispec.models.gguf import TensorInfo, check_file, file_error, header
 from verispec.models.gguf_codes import DECODED, dequantize
 
-__all__ = ["write_converted"]
+__all__ = ["convert", "write_converted"]
 
 _LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LLAMA_LAYER = {
@@ -174,3 +182,52 @@ def write_converted(gguf: Path, staging: Path) -> bool:
     GenerationConfig.from_model_config(config).save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     return True
+
+
+def convert(gguf: Path, target: Path) -> None:
+    """Dequantize the GGUF file and save model + tokenizer to ``target`` atomically.
+
+    Raises:
+        ModelFileError: the file is cut short (:func:`check_file`, before anything is
+            converted) or ``transformers`` cannot read it; nothing is left behind.
+    """
+    check_file(gguf)
+    with waiting(f"converting {gguf.name} to float32 weights (once; kept in {target})"):
+        _write_converted(gguf, target)
+
+
+def _write_converted(gguf: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        if not write_converted(gguf, staging):
+            _write_with_transformers(gguf, staging)
+        staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # not a concurrent winner: a real error
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_with_transformers(gguf: Path, staging: Path) -> None:
+    """The converted copy as ``transformers`` writes it, for a file
+    :func:`~verispec.models.gguf_convert.write_converted` does not cover."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as exc:  # the gguf reader's ValueError, struct.error, KeyError...
+        raise file_error(gguf, exc) from exc
+    # The weights are dequantized float32 now: drop the GGUF marker so they save plainly.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)

@@ -6,10 +6,12 @@ causal LM on disk (no hub is contacted):
 * a **directory** written by ``save_pretrained`` (``config.json`` and weights) is loaded
   with ``AutoModelForCausalLM.from_pretrained``; its tokenizer from the same directory
   unless ``tokenizer`` names another;
-* a **GGUF file** is dequantized by ``transformers`` (it needs the ``gguf`` package) on
-  the first load and the result cached under :func:`~verispec.models.default.default_cache_dir`,
-  keyed by the file's path, size and modification time, so later loads take seconds
-  (:mod:`verispec.models.gguf`; the embedded SmolLM2 file shares
+* a **GGUF file** is dequantized on the first load (a Llama by verispec, bit for bit as
+  ``transformers`` would, in seconds; any other architecture by ``transformers``, which
+  needs the ``gguf`` package) and the result cached under
+  :func:`~verispec.models.default.default_cache_dir`, keyed by the file's path, size and
+  modification time, so later loads take seconds (:mod:`verispec.models.gguf_convert`,
+  :mod:`verispec.models.gguf`; the embedded SmolLM2 file shares
   :func:`~verispec.models.default.load_default_model`'s cache). Its tokenizer comes from
   the file's own metadata unless ``tokenizer`` names one.
 
@@ -31,7 +33,7 @@ from verispec.core import paths
 from verispec.core.notices import notice
 from verispec.errors import ConfigError, ModelFileError
 from verispec.kernels.dtypes import auto_dtype
-from verispec.models import gguf
+from verispec.models import gguf, gguf_convert
 from verispec.models.accelerators.blocks import BlockLinear, holds_blocks, kernel_status
 from verispec.models.gguf_rows import KERNEL_TYPES
 from verispec.models.invariance import RowProduct
@@ -171,13 +173,13 @@ def load_model(
         root = Path(cache_dir).expanduser() if cache_dir is not None else paths.cache_dir()
         converted = gguf.converted_dir(source, root)
         if not (converted / "config.json").is_file():
-            gguf.convert(source, converted)
+            gguf_convert.convert(source, converted)
         try:
             hf_model = _read_causal_lm(converted, dtype, what)
         except ModelFileError as exc:  # a damaged cache entry: made again from the file
             notice(f"{exc}; converting `{path}` again")
             shutil.rmtree(converted, ignore_errors=True)
-            gguf.convert(source, converted)
+            gguf_convert.convert(source, converted)
             hf_model = _read_causal_lm(converted, dtype, what)
         source = converted
     else:
