@@ -461,9 +461,14 @@ def from_hf(hf_model: Any, *, dtype: torch.dtype | None = None, max_positions: i
 
 
 def _copy_fused(target: nn.Linear, sources: Sequence[nn.Linear]) -> None:
-    target.weight.copy_(torch.cat([s.weight for s in sources], dim=0))
-    if target.bias is not None:
-        biases: list[torch.Tensor] = [
-            s.bias if s.bias is not None else torch.zeros_like(s.weight[:, 0]) for s in sources
-        ]
-        target.bias.copy_(torch.cat(biases))
+    """The sources' rows, one after the other, copied into ``target`` (no concatenated copy
+    in between: a 1.7B model's would be 6.8 GB more to write)."""
+    row = 0
+    for source in sources:
+        rows = source.weight.shape[0]
+        target.weight[row : row + rows].copy_(source.weight)
+        if target.bias is not None and source.bias is not None:
+            target.bias[row : row + rows].copy_(source.bias)
+        elif target.bias is not None:
+            target.bias[row : row + rows].zero_()
+        row += rows
