@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFEndian, GGUFWriter
 from gguf.quants import dequantize as gguf_dequantize
 from gguf_files import HALVES, LLAMA_FORMATS, llama_gguf, random_blocks, write_gguf
 from safetensors.torch import load_file
@@ -75,14 +75,22 @@ def test_the_copy_is_the_one_transformers_writes(tmp_path: Path, tied: bool) -> 
 
 def test_files_it_does_not_cover_are_left_to_transformers(tmp_path: Path) -> None:
     """A tensor it has no name for, a Llama file named Mistral (transformers reads it as a
-    Mistral) and another architecture: ``False``, and nothing written."""
+    Mistral) and a big-endian file: ``False``, and nothing written."""
     extra = write_gguf(
         tmp_path / "extra.gguf",
         {"rope_freqs.weight": ("F32", np.ones(32, np.float32))},
         lambda writer: writer.add_block_count(1),
     )
     mistral = llama_gguf(tmp_path / "mistral.gguf", name="Mistral Tiny")
-    for path in (extra, mistral):
+    big_endian = tmp_path / "big.gguf"
+    writer = GGUFWriter(str(big_endian), "llama", endianess=GGUFEndian.BIG)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    for path in (extra, mistral, big_endian):
         staging = tmp_path / f"{path.stem}-out"
         staging.mkdir()
         assert write_converted(path, staging) is False

@@ -151,6 +151,9 @@ def write_converted(gguf: Path, staging: Path) -> bool:
     name = str(values.get("general.name", ""))
     if values.get("general.architecture") != "llama" or "mistral" in name.lower():
         return False  # transformers reads a "llama" file named Mistral as a Mistral
+    with open(gguf, "rb") as handle:
+        if handle.read(8)[4:6] == b"\0\0":  # a big-endian file: its tensors are too
+            return False
     names = {tensor.name: _hf_name(tensor.name) for tensor in tensors}
     if None in names.values():
         return False
