@@ -75,7 +75,8 @@ def test_the_copy_is_the_one_transformers_writes(tmp_path: Path, tied: bool) -> 
 
 def test_files_it_does_not_cover_are_left_to_transformers(tmp_path: Path) -> None:
     """A tensor it has no name for, a Llama file named Mistral (transformers reads it as a
-    Mistral) and a big-endian file: ``False``, and nothing written."""
+    Mistral), a big-endian file and a format the decoder does not read: ``False``, and
+    nothing written."""
     extra = write_gguf(
         tmp_path / "extra.gguf",
         {"rope_freqs.weight": ("F32", np.ones(32, np.float32))},
@@ -90,7 +91,12 @@ def test_files_it_does_not_cover_are_left_to_transformers(tmp_path: Path) -> Non
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    for path in (extra, mistral, big_endian):
+    iq2 = write_gguf(  # a format the decoder does not read (the gguf package does)
+        tmp_path / "iq2.gguf",
+        {"token_embd.weight": ("IQ2_XXS", np.zeros((4, 66), np.uint8))},
+        lambda writer: writer.add_block_count(1),
+    )
+    for path in (extra, mistral, big_endian, iq2):
         staging = tmp_path / f"{path.stem}-out"
         staging.mkdir()
         assert write_converted(path, staging) is False

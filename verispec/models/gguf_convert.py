@@ -103,7 +103,7 @@ def _config(values: dict[str, Any], tensors: list[TensorInfo]) -> dict[str, Any]
 def _weight(tensor: TensorInfo, data: np.ndarray) -> np.ndarray | None:
     """The tensor widened to float32 as the ``gguf`` package widens it, Shape: numpy's
     (the row length last); None for a type not read here."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.constants import GGML_QUANT_SIZES
 
     shape = tuple(reversed(tensor.shape))
     count = int(np.prod(shape))
@@ -114,10 +114,11 @@ def _weight(tensor: TensorInfo, data: np.ndarray) -> np.ndarray | None:
     if tensor.kind == _BF16:
         raw = np.frombuffer(data, np.uint16, count, tensor.start)
         return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    kind = GGMLQuantizationType(tensor.kind).name
-    if kind not in DECODED:
-        return None
-    block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.kind)]
+    known = {int(kind): kind for kind in GGML_QUANT_SIZES}
+    if tensor.kind not in known or known[tensor.kind].name not in DECODED:
+        return None  # (a type newer than the gguf package, IQ2_XXS...: transformers' words)
+    kind = known[tensor.kind].name
+    block, block_bytes = GGML_QUANT_SIZES[known[tensor.kind]]
     cols, rows = tensor.shape[0], count // tensor.shape[0]
     nbytes = rows * cols // block * block_bytes
     raw = np.frombuffer(data, np.uint8, nbytes, tensor.start).reshape(rows, -1)
