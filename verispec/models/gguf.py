@@ -6,8 +6,8 @@ weights (safetensors), config and tokenizer are saved under the cache directory
 (:func:`verispec.core.paths.cache_dir`), in :func:`converted_dir`. Before that,
 :func:`check_file` reads the file's layout in a fraction of a second, so a file cut short
 is refused in its own terms (what runs past the end, to which byte) before any long work.
-:func:`header` reads its metadata and tensors' descriptions (20 ms for a 49,152-token
-vocabulary), and :func:`matrices` maps its matrices' bytes.
+:func:`header` reads its metadata and tensors' descriptions (a vocabulary's strings are
+walked, not decoded), and :func:`matrices` maps its matrices' bytes.
 
 :func:`~verispec.models.loading.load_model` converts any GGUF file this way, and
 :func:`~verispec.models.default.load_default_model` is ``load_model`` on the file that

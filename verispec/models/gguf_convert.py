@@ -6,13 +6,13 @@ converted by verispec itself (:func:`write_converted`), bit for bit as ``transfo
 converts it; any other file by ``transformers``.
 
 ``transformers`` converts a GGUF file through the ``gguf`` package's reader, which builds a
-numpy view for every metadata value (about 3 s for a 49,152-token vocabulary, read three
-times: config, tokenizer, weights) and maps names by rebuilding ``gguf``'s name table per
-module (12 s for a 30-layer model): a 135M file took 40 s, of which dequantizing the
-weights was 4. :func:`write_converted` writes the same converted copy (``config.json``,
+numpy view for every metadata value (and reads the file three times: config, tokenizer,
+weights), and maps names by rebuilding ``gguf``'s name table for every module; widening the
+weights is the small part (docs/models.rst, "GGUF formats", has the times).
+:func:`write_converted` writes the same converted copy (``config.json``,
 ``model.safetensors``, the tokenizer files) from verispec's own header reader
 (:func:`verispec.models.gguf.header`) and block decoder
-(:func:`verispec.models.gguf_codes.dequantize`) in about 2 s.
+(:func:`verispec.models.gguf_codes.dequantize`).
 
 It covers the files whose conversion is a plain mapping: architecture ``llama`` (not one
 ``transformers`` reads as Mistral), tensors named as llama.cpp's converter names a Llama's

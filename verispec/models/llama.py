@@ -462,7 +462,7 @@ def from_hf(hf_model: Any, *, dtype: torch.dtype | None = None, max_positions: i
 
 def _copy_fused(target: nn.Linear, sources: Sequence[nn.Linear]) -> None:
     """The sources' rows, one after the other, copied into ``target`` (no concatenated copy
-    in between: a 1.7B model's would be 6.8 GB more to write)."""
+    in between: that would write every fused weight twice)."""
     row = 0
     for source in sources:
         rows = source.weight.shape[0]

@@ -101,9 +101,9 @@ static inline float finish(__m256 p0, __m256 p1, __m256 p2, __m256 p3, float bia
 }
 
 /* The functions a format's product runs through are inlined into one copy per format
- * (BY_KIND below), where `kind` is a constant: the format tests in HALF and BLOCK16 fold
- * away there, instead of a chain of tests for every block (with nine formats, the chain
- * cost the embedded model's Q4_1 products about 10 % of `ar`'s speed on the AVX2 EPYC). */
+ * (KIND_COPIES below), where `kind` is a constant: the format tests in HALF and BLOCK16
+ * fold away there, instead of a chain of tests for every block of every row
+ * (docs/runtime.rst has what the chain cost). */
 #define FOLDED static inline __attribute__((always_inline))
 
 /* Quarters h and h + 2 of block i of a weight row, widened (any format). A Q4_1 block's
