@@ -138,7 +138,7 @@ def main() -> None:
     kinds = INT8_KINDS if args.arithmetic == "int8" else FORMATS
     if args.against:
         with tempfile.TemporaryDirectory() as folder:
-            _compare(lib, _library_at(args.against, folder), args, layers, head, rows)
+            _compare(lib, _library_at(args.against, folder), args, layers, head, rows, kinds)
         return
     print("\n| rows | " + " | ".join(LAYER_SHAPES) + " | LM head | total | blocks GB/s |")
     print("|---|" + "---|" * (len(LAYER_SHAPES) + 3))
@@ -158,7 +158,7 @@ def main() -> None:
         )
 
 
-def _compare(lib, old, args, layers, head, rows: list[int]) -> None:  # type: ignore[no-untyped-def]
+def _compare(lib, old, args, layers, head, rows: list[int], kinds) -> None:  # type: ignore[no-untyped-def]
     """Both libraries' totals by row count: the median of ``--repeats`` passes each, the
     two alternating pass by pass."""
     print(f"\n| rows | {args.against} (ms) | working tree (ms) | ratio |")
@@ -170,7 +170,7 @@ def _compare(lib, old, args, layers, head, rows: list[int]) -> None:  # type: ig
         for _ in range(args.repeats + 1):
             for name, which in (("old", old), ("new", lib)):
                 totals[name].append(
-                    sum(_forward(which, layers, head, x, y, m, args.threads).values())
+                    sum(_forward(which, layers, head, x, y, m, args.threads, kinds).values())
                 )
         before, after = (statistics.median(totals[n][1:]) * 1e3 for n in ("old", "new"))
         print(f"| {m} | {before:.2f} | {after:.2f} | {after / before:.2f} |")

@@ -39,6 +39,7 @@
 #define PANEL 8 /* output rows per panel */
 #define ROW_TILE 32 /* rows of x that share a panel's unpacked block */
 #define DIRECT_ROWS 4 /* up to this many rows, each block is unpacked in registers and used */
+#define AHEAD_BYTES 4096 /* each block asks for the panel's bytes this far ahead (prefetch) */
 
 typedef struct { float d[PANEL], m[PANEL]; uint8_t q[4][32]; } panel_q4_1;
 typedef struct { float d[PANEL]; int8_t q[8][32]; } panel_q8_0;
@@ -200,6 +201,8 @@ static inline __m256i broadcast4(const int8_t *a) {
     for (int k = 0; k < DIRECT_ROWS; k++) acc1[k] = mac1[k] = _mm256_setzero_ps();           \
     for (int64_t i = 0; i < blocks; i++) {                                                   \
         __m256i *c = direct ? own : codes + 16 * i;                                          \
+        for (int64_t o = 0; o < bytes; o += 64)                                              \
+            _mm_prefetch((const char *)panel + i * bytes + AHEAD_BYTES + o, _MM_HINT_T0);  \
         if (KIND == 3) {                                                                     \
             const panel_q4_1 *p = (const panel_q4_1 *)(panel + i * bytes);                   \
             for (int v = 0; v < 4; v++) {                                                    \
@@ -304,6 +307,8 @@ static inline __m256i broadcast4(const int8_t *a) {
                                  (const float *)(panel1 + i * bytes)};                       \
             for (int p = 0; p < 2; p++) {                                                    \
                 const panel_q4_1 *q = (const panel_q4_1 *)h[p];                              \
+                for (int64_t o = 0; o < bytes; o += 64)                                      \
+                    _mm_prefetch((const char *)h[p] + AHEAD_BYTES + o, _MM_HINT_T0);         \
                 for (int v = 0; v < 4; v++) {                                                \
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)q->q[v]);         \
                     c[8 * p + 2 * v] = _mm256_and_si256(raw, low4);                          \

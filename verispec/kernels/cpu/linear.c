@@ -379,6 +379,10 @@ MICRO(1, 4) MICRO(2, 4) MICRO(3, 4) MICRO(1, 1) MICRO(2, 1) MICRO(3, 1)
  * products, one thread): 3 to 6 rows in registers cost 18 to 28 % less than pairs and the
  * buffer did; from 7 rows on, groups of at most six rows were no better than the buffer. */
 #define REG_ROWS 6
+/* The few-row path asks for the weights this many bytes ahead of the row it widens
+ * (software prefetch): with one or two rows the widening leaves the core too few loads in
+ * flight to keep the memory busy on its own (docs/runtime.rst, "Prefetching"). */
+#define AHEAD_BYTES 2048
 
 static void tile(const float *x, int64_t M, int64_t K, const float *w, int nr, float *y,
                  int64_t N, const float *bias) {
@@ -461,9 +465,12 @@ int vs_linear(int kind, const float *x, int64_t M, int64_t K, const void *weight
 #endif
         const few_rows_fn few_rows = few_rows_for(kind);
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
-        for (int64_t n = 0; n < N; n++)
+        for (int64_t n = 0; n < N; n++) {
+            const char *ahead = (const char *)weight + n * row_bytes + AHEAD_BYTES;
+            for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
             few_rows(x, M, (const uint8_t *)weight + n * row_bytes, K, y + n, N,
                      bias ? bias[n] : 0.0f);
+        }
         return 0;
     }
     const widen_fn widen = widen_for(kind);
