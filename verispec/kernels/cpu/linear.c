@@ -106,6 +106,25 @@ static inline float finish(__m256 p0, __m256 p1, __m256 p2, __m256 p3, float bia
  * (docs/runtime.rst has what the chain cost). */
 #define FOLDED static inline __attribute__((always_inline))
 
+/* The few-row path asks for the weights this many bytes ahead of the row it widens
+ * (software prefetch): with one or two rows the widening leaves the core too few loads in
+ * flight to keep the memory busy on its own (docs/runtime.rst, "Prefetching"). */
+#define AHEAD_BYTES 2048
+
+/* CALL for each weight row n in [n0, n1) of `weight` (row stride row_bytes), with w its
+ * bytes and b its bias, after asking for the bytes AHEAD_BYTES further on. */
+#define EACH_ROW(CALL)                                                                       \
+    for (int64_t n = n0; n < n1; n++) {                                                      \
+        const uint8_t *w = weight + n * row_bytes;                                           \
+        for (int64_t o = 0; o < row_bytes; o += 64)                                          \
+            _mm_prefetch((const char *)w + AHEAD_BYTES + o, _MM_HINT_T0);                    \
+        const float b = bias ? bias[n] : 0.0f;                                               \
+        CALL;                                                                                \
+    }
+#define RANGE_ARGS                                                                           \
+    int kind, const float *restrict x, int64_t M, const uint8_t *weight, int64_t row_bytes,  \
+        int64_t K, float *restrict y, int64_t ldy, const float *bias, int64_t n0, int64_t n1
+
 /* Quarters h and h + 2 of block i of a weight row, widened (any format). A Q4_1 block's
  * byte j holds q_j (low nibble) and q_{j+16} (high), so both quarters come from bytes
  * 8 h .. 8 h + 7: their low and their high nibbles. */
@@ -237,16 +256,17 @@ FOLDED void rows2_dot(int kind, const float *restrict x, const uint8_t *w, int64
     }
 HALVES(3) HALVES(4) HALVES(5) HALVES(6)
 
-/* M rows of x (row stride K), 1 <= M <= REG_ROWS, against one weight row. */
-FOLDED void rows_dot(int kind, const float *restrict x, int64_t M, const uint8_t *w, int64_t K,
-                     float *restrict y, int64_t ldy, float bias) {
+/* M rows of x (row stride K), 1 <= M <= REG_ROWS, against weight rows [n0, n1): one loop
+ * for each M, so that the format and M are constants inside it and only the product runs
+ * for each weight row. */
+FOLDED void rows_range(RANGE_ARGS) {
     switch (M) {
-    case 1: y[0] = row_dot(kind, x, w, K, bias); break;
-    case 2: rows2_dot(kind, x, w, K, y, ldy, bias); break;
-    case 3: rows3_dot(kind, x, w, K, y, ldy, bias); break;
-    case 4: rows4_dot(kind, x, w, K, y, ldy, bias); break;
-    case 5: rows5_dot(kind, x, w, K, y, ldy, bias); break;
-    default: rows6_dot(kind, x, w, K, y, ldy, bias); break;
+    case 1: EACH_ROW(y[n] = row_dot(kind, x, w, K, b)); break;
+    case 2: EACH_ROW(rows2_dot(kind, x, w, K, y + n, ldy, b)); break;
+    case 3: EACH_ROW(rows3_dot(kind, x, w, K, y + n, ldy, b)); break;
+    case 4: EACH_ROW(rows4_dot(kind, x, w, K, y + n, ldy, b)); break;
+    case 5: EACH_ROW(rows5_dot(kind, x, w, K, y + n, ldy, b)); break;
+    default: EACH_ROW(rows6_dot(kind, x, w, K, y + n, ldy, b)); break;
     }
 }
 
@@ -323,22 +343,22 @@ ROWS16(7) ROWS16(8) ROWS16(9) ROWS16(10) ROWS16(11) ROWS16(12)
  * less than the eight-lane code; 16 rows in two such groups cost 12 % more than the buffer. */
 #define REG_ROWS16 12
 
-/* M rows (1 <= M <= REG_ROWS16) of x (row stride K) against one weight row. */
-FOLDED void rows16_dot(int kind, const float *restrict x, int64_t M, const uint8_t *w, int64_t K,
-                       float *restrict y, int64_t ldy, float bias) {
+/* M rows (1 <= M <= REG_ROWS16) of x (row stride K) against weight rows [n0, n1), one loop
+ * for each M (as rows_range). */
+FOLDED void rows16_range(RANGE_ARGS) {
     switch (M) {
-    case 1: rows16_1(kind, x, w, K, y, ldy, bias); break;
-    case 2: rows16_2(kind, x, w, K, y, ldy, bias); break;
-    case 3: rows16_3(kind, x, w, K, y, ldy, bias); break;
-    case 4: rows16_4(kind, x, w, K, y, ldy, bias); break;
-    case 5: rows16_5(kind, x, w, K, y, ldy, bias); break;
-    case 6: rows16_6(kind, x, w, K, y, ldy, bias); break;
-    case 7: rows16_7(kind, x, w, K, y, ldy, bias); break;
-    case 8: rows16_8(kind, x, w, K, y, ldy, bias); break;
-    case 9: rows16_9(kind, x, w, K, y, ldy, bias); break;
-    case 10: rows16_10(kind, x, w, K, y, ldy, bias); break;
-    case 11: rows16_11(kind, x, w, K, y, ldy, bias); break;
-    default: rows16_12(kind, x, w, K, y, ldy, bias); break;
+    case 1: EACH_ROW(rows16_1(kind, x, w, K, y + n, ldy, b)); break;
+    case 2: EACH_ROW(rows16_2(kind, x, w, K, y + n, ldy, b)); break;
+    case 3: EACH_ROW(rows16_3(kind, x, w, K, y + n, ldy, b)); break;
+    case 4: EACH_ROW(rows16_4(kind, x, w, K, y + n, ldy, b)); break;
+    case 5: EACH_ROW(rows16_5(kind, x, w, K, y + n, ldy, b)); break;
+    case 6: EACH_ROW(rows16_6(kind, x, w, K, y + n, ldy, b)); break;
+    case 7: EACH_ROW(rows16_7(kind, x, w, K, y + n, ldy, b)); break;
+    case 8: EACH_ROW(rows16_8(kind, x, w, K, y + n, ldy, b)); break;
+    case 9: EACH_ROW(rows16_9(kind, x, w, K, y + n, ldy, b)); break;
+    case 10: EACH_ROW(rows16_10(kind, x, w, K, y + n, ldy, b)); break;
+    case 11: EACH_ROW(rows16_11(kind, x, w, K, y + n, ldy, b)); break;
+    default: EACH_ROW(rows16_12(kind, x, w, K, y + n, ldy, b)); break;
     }
 }
 #endif
@@ -379,10 +399,6 @@ MICRO(1, 4) MICRO(2, 4) MICRO(3, 4) MICRO(1, 1) MICRO(2, 1) MICRO(3, 1)
  * products, one thread): 3 to 6 rows in registers cost 18 to 28 % less than pairs and the
  * buffer did; from 7 rows on, groups of at most six rows were no better than the buffer. */
 #define REG_ROWS 6
-/* The few-row path asks for the weights this many bytes ahead of the row it widens
- * (software prefetch): with one or two rows the widening leaves the core too few loads in
- * flight to keep the memory busy on its own (docs/runtime.rst, "Prefetching"). */
-#define AHEAD_BYTES 2048
 
 static void tile(const float *x, int64_t M, int64_t K, const float *w, int nr, float *y,
                  int64_t N, const float *bias) {
@@ -403,18 +419,19 @@ static void tile(const float *x, int64_t M, int64_t K, const float *w, int nr, f
 }
 
 /* One copy of the few-row product and of the widening per format (FOLDED above). */
-typedef void (*few_rows_fn)(const float *restrict, int64_t, const uint8_t *, int64_t,
-                            float *restrict, int64_t, float);
+typedef void (*few_rows_fn)(const float *restrict, int64_t, const uint8_t *, int64_t, int64_t,
+                            float *restrict, int64_t, const float *, int64_t, int64_t);
 typedef void (*widen_fn)(const uint8_t *, int64_t, float *);
 #if defined(__AVX512F__)
-#define FEW_ROWS rows16_dot
+#define FEW_ROWS rows16_range
 #else
-#define FEW_ROWS rows_dot
+#define FEW_ROWS rows_range
 #endif
 #define KIND_COPIES(k)                                                                       \
-    static void few_rows_##k(const float *restrict x, int64_t M, const uint8_t *w, int64_t K,\
-                             float *restrict y, int64_t ldy, float bias) {                   \
-        FEW_ROWS(k, x, M, w, K, y, ldy, bias);                                               \
+    static void few_rows_##k(const float *restrict x, int64_t M, const uint8_t *weight,      \
+                             int64_t row_bytes, int64_t K, float *restrict y, int64_t ldy,   \
+                             const float *bias, int64_t n0, int64_t n1) {                    \
+        FEW_ROWS(k, x, M, weight, row_bytes, K, y, ldy, bias, n0, n1);                       \
     }                                                                                        \
     static void widen_##k(const uint8_t *row, int64_t K, float *out) { dequant_row(k, row, K, out); }
 KIND_COPIES(0) KIND_COPIES(1) KIND_COPIES(2) KIND_COPIES(5) KIND_COPIES(6) KIND_COPIES(7)
@@ -464,12 +481,14 @@ int vs_linear(int kind, const float *x, int64_t M, int64_t K, const void *weight
     if (M <= REG_ROWS) { /* few rows: widen in registers, no buffer */
 #endif
         const few_rows_fn few_rows = few_rows_for(kind);
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
-        for (int64_t n = 0; n < N; n++) {
-            const char *ahead = (const char *)weight + n * row_bytes + AHEAD_BYTES;
-            for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
-            few_rows(x, M, (const uint8_t *)weight + n * row_bytes, K, y + n, N,
-                     bias ? bias[n] : 0.0f);
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+        { /* a contiguous share of the weight rows for each thread */
+            int64_t t = 0, T = 1;
+#ifdef _OPENMP
+            t = omp_get_thread_num(), T = omp_get_num_threads();
+#endif
+            few_rows(x, M, (const uint8_t *)weight, row_bytes, K, y, N, bias, N * t / T,
+                     N * (t + 1) / T);
         }
         return 0;
     }
