@@ -110,7 +110,8 @@ static void quantize_row_avx2(const float *x, int64_t K, int8_t *q, float *d, fl
 /* -- the products: one panel, rows [r0, r1) ---------------------------------------------- */
 
 /* The portable path: the same integer sums, the same float operations, lane by lane. */
-static void panel_c(int kind, const uint8_t *panel, int64_t blocks, const int8_t *xq,
+static inline __attribute__((always_inline)) void
+panel_c(int kind, const uint8_t *panel, int64_t blocks, const int8_t *xq,
                     const float *xd, const float *xs, int64_t K, int64_t r0, int64_t r1,
                     float *y, int64_t ldy, int64_t n0, int64_t N, const float *bias,
                     __m256i *codes) {
@@ -248,6 +249,18 @@ static inline __m256i broadcast4(const int8_t *a) {
     int kind, const uint8_t *panel, int64_t blocks, const int8_t *xq, const float *xd,       \
         const float *xs, int64_t K, int64_t r0, int64_t r1, float *y, int64_t ldy,           \
         int64_t n0, int64_t N, const float *bias, __m256i *codes
+#define ONE_PANEL static inline __attribute__((always_inline)) void
+
+/* Panels [p0, p1) of a matrix in one call (a thread's share), each by ONE, the one-panel
+ * body inlined into the loop: no call for each panel. */
+#define PANELS_ARGS                                                                          \
+    int kind, const uint8_t *weight, int64_t panel_bytes, int64_t p0, int64_t p1,            \
+        int64_t blocks, const int8_t *xq, const float *xd, const float *xs, int64_t K,       \
+        int64_t M, float *y, int64_t N, const float *bias, __m256i *codes
+#define PANELS(ONE)                                                                          \
+    for (int64_t p = p0; p < p1; p++)                                                        \
+        ONE(kind, weight + p * panel_bytes, blocks, xq, xd, xs, K, 0, M, y, N, p * PANEL, N, \
+            bias, codes)
 
 /* Two Q4_1 panels (16 output rows) against rows [r0, r1), R rows at a time: each loaded
  * code vector serves R rows and each broadcast activation two panels, so a step loads
@@ -349,13 +362,16 @@ static inline __m256i q8_avx2(const __m256i c[16], const int8_t *a) {
     }
     return s;
 }
-static void panel_q4_avx2(PANEL_ARGS) { PANEL_BODY(q4_avx2, 3) }
+ONE_PANEL panel_q4_avx2(PANEL_ARGS) { PANEL_BODY(q4_avx2, 3) }
+static void panels_q4_avx2(PANELS_ARGS) { PANELS(panel_q4_avx2); }
 static inline __m256i step_avx2(__m256i s, __m256i w, __m256i a) {
     return _mm256_add_epi16(s, _mm256_maddubs_epi16(w, a)); /* at most 8 * 2 * 15 * 127 */
 }
 static inline __m256i finish_avx2(__m256i s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
 static void pair_q4_avx2(PAIR_ARGS) { PAIR_BODY(step_avx2, finish_avx2) }
-static void panel_q8_avx2(PANEL_ARGS) { PANEL_BODY(q8_avx2, 4) }
+ONE_PANEL panel_q8_avx2(PANEL_ARGS) { PANEL_BODY(q8_avx2, 4) }
+static void panels_q8_avx2(PANELS_ARGS) { PANELS(panel_q8_avx2); }
+static void panels_c(PANELS_ARGS) { PANELS(panel_c); }
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 #define VS_HAVE_VNNI 1
@@ -374,11 +390,17 @@ static void panel_q8_avx2(PANEL_ARGS) { PANEL_BODY(q8_avx2, 4) }
             s = dpbusd(s, c[v], _mm256_sign_epi8(broadcast4(a + 4 * v), c[8 + v]));           \
         return s;                                                                            \
     }                                                                                        \
-    __attribute__((target(isa))) static void panel_q4_##suffix(PANEL_ARGS) {                 \
+    __attribute__((target(isa))) ONE_PANEL panel_q4_##suffix(PANEL_ARGS) {                   \
         PANEL_BODY(q4_##suffix, 3)                                                           \
     }                                                                                        \
-    __attribute__((target(isa))) static void panel_q8_##suffix(PANEL_ARGS) {                 \
+    __attribute__((target(isa))) ONE_PANEL panel_q8_##suffix(PANEL_ARGS) {                   \
         PANEL_BODY(q8_##suffix, 4)                                                           \
+    }                                                                                        \
+    __attribute__((target(isa))) static void panels_q4_##suffix(PANELS_ARGS) {               \
+        PANELS(panel_q4_##suffix);                                                           \
+    }                                                                                        \
+    __attribute__((target(isa))) static void panels_q8_##suffix(PANELS_ARGS) {               \
+        PANELS(panel_q8_##suffix);                                                           \
     }                                                                                        \
     __attribute__((target(isa))) static inline __m256i step_##suffix(__m256i s, __m256i w,   \
                                                                      __m256i a) {            \
@@ -397,7 +419,7 @@ VNNI_SUMS(avx512vnni, "avx512vnni,avx512vl", _mm256_dpbusd_epi32)
 /* -- paths ------------------------------------------------------------------------------ */
 
 enum { PATH_C = 0, PATH_AVX2 = 1, PATH_AVXVNNI = 2, PATH_AVX512VNNI = 3 };
-typedef void (*panel_fn)(PANEL_ARGS);
+typedef void (*panels_fn)(PANELS_ARGS);
 static int chosen = -1; /* the path in use (-1: not chosen yet) */
 
 /* Bit p set where path p runs on this CPU (0 portable, 1 AVX2, 2 AVX-VNNI, 3 AVX512-VNNI). */
@@ -446,14 +468,14 @@ static pair_fn pair_for(int path) {
     }
 }
 
-static panel_fn panel_for(int path, int kind) {
+static panels_fn panels_for(int path, int kind) {
     switch (path) {
-    case PATH_C: return panel_c;
+    case PATH_C: return panels_c;
 #ifdef VS_HAVE_VNNI
-    case PATH_AVXVNNI: return kind == 3 ? panel_q4_avxvnni : panel_q8_avxvnni;
-    case PATH_AVX512VNNI: return kind == 3 ? panel_q4_avx512vnni : panel_q8_avx512vnni;
+    case PATH_AVXVNNI: return kind == 3 ? panels_q4_avxvnni : panels_q8_avxvnni;
+    case PATH_AVX512VNNI: return kind == 3 ? panels_q4_avx512vnni : panels_q8_avx512vnni;
 #endif
-    default: return kind == 3 ? panel_q4_avx2 : panel_q8_avx2;
+    default: return kind == 3 ? panels_q4_avx2 : panels_q8_avx2;
     }
 }
 
@@ -477,7 +499,7 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
     if (posix_memalign((void **)&xq, 64, (size_t)(M * K + 8 * M * blocks)) != 0) return -1;
     float *xd = (float *)(xq + M * K), *xs = xd + M * blocks; /* M K is a multiple of 32 */
     vs_quantize_rows(x, M, K, xq, xd, xs);
-    const panel_fn fn = panel_for(vs_int8_path(), kind);
+    const panels_fn fn = panels_for(vs_int8_path(), kind);
     const int64_t panel_bytes = blocks * vs_panel_bytes(kind);
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
@@ -493,18 +515,25 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
         }
         /* Q4_1 from DIRECT_ROWS + 1 rows on: panels two at a time (a last odd one alone) */
         const pair_fn pair = kind == 3 && M > DIRECT_ROWS ? pair_for(vs_int8_path()) : NULL;
-        const int64_t units = pair != NULL ? (panels + 1) / 2 : panels;
+        const uint8_t *w = (const uint8_t *)weight;
+        if (pair == NULL) { /* a contiguous share of the panels for each thread */
+            int64_t t = 0, T = 1;
+#ifdef _OPENMP
+            t = omp_get_thread_num(), T = omp_get_num_threads();
+#endif
+            if (!buffered || codes != NULL)
+                fn(kind, w, panel_bytes, panels * t / T, panels * (t + 1) / T, blocks, xq, xd,
+                   xs, K, M, y, N, bias, codes);
+        } else {
 #pragma omp for schedule(static)
-        for (int64_t u = 0; u < units; u++) {
-            if (buffered && codes == NULL) continue;
-            const uint8_t *w = (const uint8_t *)weight;
-            if (pair == NULL || 2 * u + 1 == panels) {
-                const int64_t p = pair == NULL ? u : 2 * u;
-                fn(kind, w + p * panel_bytes, blocks, xq, xd, xs, K, 0, M, y, N, p * PANEL, N,
-                   bias, codes);
-            } else {
-                pair(w + 2 * u * panel_bytes, w + (2 * u + 1) * panel_bytes, blocks, xq, xd, xs,
-                     K, 0, M, y, N, 2 * u * PANEL, N, bias, codes);
+            for (int64_t u = 0; u < (panels + 1) / 2; u++) {
+                if (codes == NULL) continue;
+                if (2 * u + 1 == panels)
+                    fn(kind, w, panel_bytes, 2 * u, 2 * u + 1, blocks, xq, xd, xs, K, M, y, N,
+                       bias, codes);
+                else
+                    pair(w + 2 * u * panel_bytes, w + (2 * u + 1) * panel_bytes, blocks, xq,
+                         xd, xs, K, 0, M, y, N, 2 * u * PANEL, N, bias, codes);
             }
         }
         free(codes);
