@@ -202,8 +202,7 @@ static inline __m256i broadcast4(const int8_t *a) {
     for (int k = 0; k < DIRECT_ROWS; k++) acc1[k] = mac1[k] = _mm256_setzero_ps();           \
     for (int64_t i = 0; i < blocks; i++) {                                                   \
         __m256i *c = direct ? own : codes + 16 * i;                                          \
-        for (int64_t o = 0; o < bytes; o += 64)                                              \
-            _mm_prefetch((const char *)panel + i * bytes + AHEAD_BYTES + o, _MM_HINT_T0);  \
+        prefetch_ahead(panel + i * bytes, AHEAD_BYTES, bytes);                               \
         if (KIND == 3) {                                                                     \
             const panel_q4_1 *p = (const panel_q4_1 *)(panel + i * bytes);                   \
             for (int v = 0; v < 4; v++) {                                                    \
@@ -320,8 +319,7 @@ static inline __m256i broadcast4(const int8_t *a) {
                                  (const float *)(panel1 + i * bytes)};                       \
             for (int p = 0; p < 2; p++) {                                                    \
                 const panel_q4_1 *q = (const panel_q4_1 *)h[p];                              \
-                for (int64_t o = 0; o < bytes; o += 64)                                      \
-                    _mm_prefetch((const char *)h[p] + AHEAD_BYTES + o, _MM_HINT_T0);         \
+                prefetch_ahead(h[p], AHEAD_BYTES, bytes);                                    \
                 for (int v = 0; v < 4; v++) {                                                \
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)q->q[v]);         \
                     c[8 * p + 2 * v] = _mm256_and_si256(raw, low4);                          \
@@ -517,13 +515,10 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
         const pair_fn pair = kind == 3 && M > DIRECT_ROWS ? pair_for(vs_int8_path()) : NULL;
         const uint8_t *w = (const uint8_t *)weight;
         if (pair == NULL) { /* a contiguous share of the panels for each thread */
-            int64_t t = 0, T = 1;
-#ifdef _OPENMP
-            t = omp_get_thread_num(), T = omp_get_num_threads();
-#endif
+            int64_t p0, p1;
+            thread_share(panels, &p0, &p1);
             if (!buffered || codes != NULL)
-                fn(kind, w, panel_bytes, panels * t / T, panels * (t + 1) / T, blocks, xq, xd,
-                   xs, K, M, y, N, bias, codes);
+                fn(kind, w, panel_bytes, p0, p1, blocks, xq, xd, xs, K, M, y, N, bias, codes);
         } else {
 #pragma omp for schedule(static)
             for (int64_t u = 0; u < (panels + 1) / 2; u++) {

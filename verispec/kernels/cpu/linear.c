@@ -116,8 +116,7 @@ static inline float finish(__m256 p0, __m256 p1, __m256 p2, __m256 p3, float bia
 #define EACH_ROW(CALL)                                                                       \
     for (int64_t n = n0; n < n1; n++) {                                                      \
         const uint8_t *w = weight + n * row_bytes;                                           \
-        for (int64_t o = 0; o < row_bytes; o += 64)                                          \
-            _mm_prefetch((const char *)w + AHEAD_BYTES + o, _MM_HINT_T0);                    \
+        prefetch_ahead(w, AHEAD_BYTES, row_bytes);                                           \
         const float b = bias ? bias[n] : 0.0f;                                               \
         CALL;                                                                                \
     }
@@ -483,12 +482,9 @@ int vs_linear(int kind, const float *x, int64_t M, int64_t K, const void *weight
         const few_rows_fn few_rows = few_rows_for(kind);
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
         { /* a contiguous share of the weight rows for each thread */
-            int64_t t = 0, T = 1;
-#ifdef _OPENMP
-            t = omp_get_thread_num(), T = omp_get_num_threads();
-#endif
-            few_rows(x, M, (const uint8_t *)weight, row_bytes, K, y, N, bias, N * t / T,
-                     N * (t + 1) / T);
+            int64_t n0, n1;
+            thread_share(N, &n0, &n1);
+            few_rows(x, M, (const uint8_t *)weight, row_bytes, K, y, N, bias, n0, n1);
         }
         return 0;
     }
