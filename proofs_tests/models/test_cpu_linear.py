@@ -27,6 +27,7 @@ from verispec.models.accelerators import blocks as cpu_linear
 from verispec.models.accelerators.blocks import (
     BLOCK_FORMATS,
     BlockLinear,
+    as_q4_1,
     kernel_status,
     quantize_blocks,
     recover_blocks,
@@ -66,10 +67,11 @@ def test_recovered_blocks_widen_to_the_matrix_bit_for_bit(fmt: str) -> None:
         assert torch.equal(block.dequantized(), linear.weight)
 
 
-def test_q4_0_matrices_are_read_as_the_q4_1_blocks_they_are() -> None:
+def test_q4_0_matrices_are_found_and_held_as_q4_0_blocks() -> None:
     """A matrix rounded to Q4_0 (``w = (q - 8) d``; query-row style scale included) is not
-    Q4_1 by the Q4_1 rule, but is found as Q4_0 and held as Q4_1 blocks with ``m = -8 d``,
-    whose widening gives back every float32 bit."""
+    Q4_1 by the Q4_1 rule, but is found as Q4_0 and held as Q4_0 blocks (20 bytes for 32
+    weights), or as Q4_1 blocks with ``m = -8 d`` for integer products; both widenings give
+    back every float32 bit."""
     linear = _linear(96, 256, "q4_0")
     with torch.no_grad():
         linear.weight[:32] *= 0.125
@@ -77,9 +79,15 @@ def test_q4_0_matrices_are_read_as_the_q4_1_blocks_they_are() -> None:
     assert recover_blocks(weight, "q4_1") is None
     assert recover_blocks(weight, "q8_0") is None
     block = BlockLinear.from_linear(linear, BLOCK_FORMATS)
-    assert block is not None and block.fmt == "q4_1"
+    assert block is not None and block.fmt == "q4_0"
+    assert tuple(block.blocks.shape) == (96, 256 // 32 * 20)
     if available:
         assert torch.equal(block.dequantized(), weight)
+        wide = BlockLinear("q4_1", as_q4_1(block.blocks), 256, 96, None)
+        assert torch.equal(wide.dequantized(), weight)
+        ints = BlockLinear.from_linear(linear, BLOCK_FORMATS, "int8")
+        assert ints is not None and ints.fmt == "q4_1"
+        assert torch.equal(ints.dequantized(), weight)
 
 
 def test_a_matrix_that_is_not_blocks_is_refused() -> None:
@@ -119,7 +127,7 @@ def test_block_product_equals_its_float32_twin_bit_for_bit(fmt: str, bias: bool)
 
 
 @needs_kernel
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "float32"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q4_0", "q8_0", "float32"])
 def test_rows_do_not_depend_on_row_count_or_threads(fmt: str) -> None:
     """Each row's bits are the same for 1 to 40 rows, and on one or two threads (a tail of
     3 output rows included: 4-row tiles plus one of 3)."""
@@ -133,7 +141,7 @@ def test_rows_do_not_depend_on_row_count_or_threads(fmt: str) -> None:
 
 @needs_kernel
 @pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU has no AVX-512")
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "float32"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q4_0", "q8_0", "float32"])
 def test_avx512_products_equal_the_avx2_products_bit_for_bit(fmt: str) -> None:
     """On an AVX-512 CPU the native build (16-lane registers, up to 12 rows widened in
     registers) gives every bit the eight-lane AVX2 build gives, for 1 to 20 rows (the
@@ -193,7 +201,8 @@ def test_a_q4_0_model_runs_on_blocks_with_sequential_tree_rows(arithmetic: str) 
     ints = "+int8 products" if arithmetic == "int8" else ""
     assert model.runtime == f"eager+GGUF blocks{ints}+C layers"
     linears = [m for m in model.transformer.modules() if isinstance(m, nn.Linear | BlockLinear)]
-    assert linears and all(isinstance(m, BlockLinear) and m.fmt == "q4_1" for m in linears)
+    layout = "q4_1" if arithmetic == "int8" else "q4_0"  # integer products: Q4_1 panels
+    assert linears and all(isinstance(m, BlockLinear) and m.fmt == layout for m in linears)
     prompt = [5, 6, 7, 8]
     tree = DraftTree.from_parents(torch.tensor([9, 10, 11, 12, 13]), [-1, 0, 1, -1, 3])
     model.prefill(torch.tensor(prompt))

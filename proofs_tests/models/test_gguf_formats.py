@@ -41,7 +41,7 @@ needs_kernel = pytest.mark.skipif(not available, reason=f"block kernel unavailab
 
 # the layout each format's blocks are multiplied in
 _LAYOUT = {
-    "Q4_0": "q4_1", "Q4_1": "q4_1", "Q4_K": "q4_1", "Q5_0": "q8_0", "Q5_1": "q5_1",
+    "Q4_0": "q4_0", "Q4_1": "q4_1", "Q4_K": "q4_1", "Q5_0": "q8_0", "Q5_1": "q5_1",
     "Q5_K": "q5_1", "Q8_0": "q8_0", "IQ4_NL": "q8_0", "IQ4_XS": "q8_0", "Q2_K": "q8_2",
     "Q3_K": "q8_16", "Q6_K": "q8_16",
 }  # fmt: skip
@@ -99,14 +99,18 @@ def coded_linear(
     """A linear layer whose weight is ``layout`` blocks, and its block product: Q8_2 with
     6-bit codes and a scale and a low for each 16 weights (as Q2_K and mixed rows are held),
     Q8_16 the same without lows (Q6_K, Q3_K), Q5_1 with 5-bit codes and one scale and low
-    for 32 (Q5_1, Q5_K)."""
+    for 32 (Q5_1, Q5_K), Q4_0 with 4-bit codes over a low of -8 times a signed scale for
+    32."""
     generator = torch.Generator().manual_seed(seed)
-    groups = 2 if layout == "q5_1" else 1  # 16-weight groups sharing a scale
-    lowest, highest = (0, 32) if layout == "q5_1" else (-32, 32)
+    groups = 1 if layout in ("q8_2", "q8_16") else 2  # 16-weight groups sharing a scale
+    lowest, highest = {"q5_1": (0, 32), "q4_0": (0, 16)}.get(layout, (-32, 32))
     code = torch.randint(lowest, highest, (rows, cols), generator=generator, dtype=torch.int8)
     scale = (torch.rand(rows, cols // 16 // groups, generator=generator) * 0.004).half().float()
     low = (torch.randn(rows, cols // 16 // groups, generator=generator) * 0.02).half().float()
-    if layout == "q8_16":
+    if layout == "q4_0":  # llama.cpp's Q4_0 scales take either sign
+        scale = torch.where(low < 0, -scale, scale)
+        low = scale * -8
+    elif layout == "q8_16":
         low = torch.full_like(low, -0.0)
     scale, low = scale.repeat_interleave(groups, 1), low.repeat_interleave(groups, 1)
     codes = Codes(code.numpy(), scale.numpy(), low.numpy())
@@ -123,11 +127,11 @@ def coded_linear(
 
 
 @needs_kernel
-@pytest.mark.parametrize("layout", ["q8_2", "q8_16", "q5_1"])
+@pytest.mark.parametrize("layout", ["q8_2", "q8_16", "q5_1", "q4_0"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_product_equals_its_float32_twin_bit_for_bit(layout: str, bias: bool) -> None:
-    """The Q8_2, Q8_16 and Q5_1 products equal the kernel's float32 product on the widened
-    matrix bit for bit, and torch's float64 product to rounding."""
+    """The Q8_2, Q8_16, Q5_1 and Q4_0 products equal the kernel's float32 product on the
+    widened matrix bit for bit, and torch's float64 product to rounding."""
     linear, block = coded_linear(layout, 72, 576, seed=5, bias=bias)
     twin = BlockLinear.from_linear(linear, ("float32",))
     assert twin is not None
@@ -141,7 +145,7 @@ def test_the_product_equals_its_float32_twin_bit_for_bit(layout: str, bias: bool
 
 
 @needs_kernel
-@pytest.mark.parametrize("layout", ["q8_2", "q8_16", "q5_1"])
+@pytest.mark.parametrize("layout", ["q8_2", "q8_16", "q5_1", "q4_0"])
 def test_rows_do_not_depend_on_row_count_or_threads(layout: str) -> None:
     """Each row's bits are the same for 1 to 40 rows (the register paths and the widened
     buffer), and on one or two threads."""
@@ -151,7 +155,7 @@ def test_rows_do_not_depend_on_row_count_or_threads(layout: str) -> None:
 
 @needs_kernel
 @pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU has no AVX-512")
-@pytest.mark.parametrize("layout", ["q8_2", "q8_16", "q5_1"])
+@pytest.mark.parametrize("layout", ["q8_2", "q8_16", "q5_1", "q4_0"])
 def test_avx512_products_equal_the_avx2_products_bit_for_bit(layout: str) -> None:
     """On an AVX-512 CPU the native build (16-lane registers, the new layouts widened eight
     lanes at a time and joined) gives every bit the eight-lane AVX2 build gives, for 1 to 20

@@ -33,6 +33,8 @@
  *                where the build has none)
  *   9  BF16      uint16 W[N][K], bfloat16: a float32's upper half
  *                Both widen exactly (every half and every bfloat16 is a float32).
+ *  10  Q4_0      struct { float d; uint8 q[16]; }  w[i] = (q_i - 8) * d, q_i in 0..15, nibbles
+ *                as Q4_1's: GGUF's Q4_0 at 0.625 bytes a weight (0.75 as Q4_1 with m = -8 d)
  */
 #include "simd.h"
 #include <stdint.h>
@@ -47,6 +49,7 @@ typedef struct { float d; int8_t q[32]; } block_q8_0;
 typedef struct { float d[2], m[2]; int8_t q[32]; } block_q8_2;
 typedef struct { float d, m; uint32_t qh; uint8_t q[16]; } block_q5_1;
 typedef struct { float d[2]; int8_t q[32]; } block_q8_16;
+typedef struct { float d; uint8_t q[16]; } block_q4_0;
 
 int vs_block_bytes(int kind) {
     return kind == 1 ? (int)sizeof(block_q4_1)
@@ -54,6 +57,7 @@ int vs_block_bytes(int kind) {
          : kind == 5 ? (int)sizeof(block_q8_2)
          : kind == 6 ? (int)sizeof(block_q5_1)
          : kind == 7 ? (int)sizeof(block_q8_16)
+         : kind == 10 ? (int)sizeof(block_q4_0)
 #if defined(__F16C__)
          : kind == 8 ? 64
 #endif
@@ -132,6 +136,14 @@ static inline float finish(__m256 p0, __m256 p1, __m256 p2, __m256 p3, float bia
         if ((kind) == 1) {                                                                   \
             const block_q4_1 *b_ = (const block_q4_1 *)(w) + (i);                            \
             const __m256 d_ = _mm256_broadcast_ss(&b_->d), m_ = _mm256_broadcast_ss(&b_->m); \
+            const __m128i q_ = _mm_loadl_epi64((const __m128i *)(b_->q + 8 * (h)));         \
+            const __m256i c_ = _mm256_cvtepu8_epi32(q_);                                     \
+            wa = widen_q4_1(_mm256_and_si256(c_, _mm256_set1_epi32(0x0F)), d_, m_);          \
+            wb = widen_q4_1(_mm256_srli_epi32(c_, 4), d_, m_);                               \
+        } else if ((kind) == 10) { /* Q4_1's widening with m = -8 d (exact: a power of two) */\
+            const block_q4_0 *b_ = (const block_q4_0 *)(w) + (i);                            \
+            const __m256 d_ = _mm256_broadcast_ss(&b_->d);                                   \
+            const __m256 m_ = _mm256_mul_ps(d_, _mm256_set1_ps(-8.0f));                      \
             const __m128i q_ = _mm_loadl_epi64((const __m128i *)(b_->q + 8 * (h)));         \
             const __m256i c_ = _mm256_cvtepu8_epi32(q_);                                     \
             wa = widen_q4_1(_mm256_and_si256(c_, _mm256_set1_epi32(0x0F)), d_, m_);          \
@@ -276,8 +288,8 @@ FOLDED void rows_range(RANGE_ARGS) {
  * eight-lane code, in the same order, and finish16 adds the same four vectors the same way:
  * the same bits, half the instructions. A Q4_1 block's 16 bytes widen at once: their low
  * nibbles are weights 0..15, their high nibbles 16..31. The later formats (Q8_2, Q5_1,
- * Q8_16, F16, BF16) are widened by the eight-lane code and joined: the same values by
- * construction. */
+ * Q8_16, F16, BF16, Q4_0) are widened by the eight-lane code and joined: the same values
+ * by construction. */
 #define IOTA16 _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 /* Two eight-lane vectors as one sixteen-lane one (a in lanes 0..7). */
 static inline __m512 join8(__m256 a, __m256 b) {
@@ -434,7 +446,7 @@ typedef void (*widen_fn)(const uint8_t *, int64_t, float *);
     }                                                                                        \
     static void widen_##k(const uint8_t *row, int64_t K, float *out) { dequant_row(k, row, K, out); }
 KIND_COPIES(0) KIND_COPIES(1) KIND_COPIES(2) KIND_COPIES(5) KIND_COPIES(6) KIND_COPIES(7)
-KIND_COPIES(8) KIND_COPIES(9)
+KIND_COPIES(8) KIND_COPIES(9) KIND_COPIES(10)
 
 static few_rows_fn few_rows_for(int kind) {
     switch (kind) {
@@ -445,6 +457,7 @@ static few_rows_fn few_rows_for(int kind) {
     case 7: return few_rows_7;
     case 8: return few_rows_8;
     case 9: return few_rows_9;
+    case 10: return few_rows_10;
     default: return few_rows_0;
     }
 }
@@ -458,6 +471,7 @@ static widen_fn widen_for(int kind) {
     case 7: return widen_7;
     case 8: return widen_8;
     case 9: return widen_9;
+    case 10: return widen_10;
     default: return widen_0;
     }
 }

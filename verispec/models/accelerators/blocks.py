@@ -70,6 +70,7 @@ __all__ = [
     "Format",
     "kernel_status",
     "library",
+    "as_q4_1",
     "from_panels",
     "int8_path",
     "int8_paths",
@@ -84,6 +85,7 @@ __all__ = [
 Format = Literal["float32", "q4_0", "q4_1", "q8_0", "q8_2", "q5_1", "q8_16", "f16", "bf16"]
 FORMATS: dict[str, int] = {
     "float32": 0, "q4_1": 1, "q8_0": 2, "q8_2": 5, "q5_1": 6, "q8_16": 7, "f16": 8, "bf16": 9,
+    "q4_0": 10,
 }  # fmt: skip
 """The weight formats the kernel reads, by name, with the C code's number for each."""
 ARITHMETICS = ("exact", "int8")
@@ -93,8 +95,8 @@ by 8-bit codes of the activations in integer instructions (``kernels/cpu/int8.c`
 model, the one llama.cpp computes (docs/runtime.rst, "Integer arithmetic")."""
 INT8_KINDS: dict[str, int] = {"q4_1": 3, "q8_0": 4}
 BLOCK_FORMATS: tuple[Format, ...] = ("q4_1", "q4_0", "q8_0")
-"""The GGUF block formats a projection is read as, in the order tried (a Q4_0 matrix is
-held as Q4_1 blocks with ``m = -8 d``)."""
+"""The GGUF block formats a projection is recovered as from its float32 weights
+(:func:`recover_blocks`), in the order tried."""
 HEAD_FORMATS: tuple[Format, ...] = ("q8_0", "q4_1", "q4_0")
 """The same for the LM head (GGUF files store embeddings as Q8_0 most often)."""
 """The C code's number for each format multiplied in integers (weights in panels of 8 rows)."""
@@ -102,9 +104,12 @@ INT8_PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
 """The integer kernel's instruction paths, by the C code's number (``vs_int8_paths``)."""
 _PANEL = 8  # output rows per panel of the integer kernel
 _BLOCK = 32  # weights per block, both formats
-_BLOCK_BYTES = {"q4_1": 24, "q8_0": 36, "q8_2": 48, "q5_1": 28, "q8_16": 40, "bf16": 64}
+_BLOCK_BYTES = {
+    "q4_1": 24, "q8_0": 36, "q8_2": 48, "q5_1": 28, "q8_16": 40, "bf16": 64, "q4_0": 20,
+}  # fmt: skip
 # float d, m, 16 nibble bytes / float d, 32 int8 / float d[2], m[2], 32 int8 /
-# float d, m, uint32 fifth bits, 16 nibble bytes / float d[2], 32 int8 / 32 bfloat16
+# float d, m, uint32 fifth bits, 16 nibble bytes / float d[2], 32 int8 / 32 bfloat16 /
+# float d, 16 nibble bytes (w = (q - 8) d)
 HALVES: tuple[Format, ...] = ("bf16", "f16")
 """Formats a float32 matrix is read as when every weight is a bfloat16, or a half (a GGUF
 file's BF16 and F16 matrices): 2 bytes a weight, widened exactly."""
@@ -195,9 +200,9 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
     Returns:
         uint8, Shape: (N, K / 32 * block bytes): the packed blocks as ``kernels/cpu/linear.c``
         reads them, or ``None`` if some block has no such form (a matrix that was not
-        dequantized from that format). Q4_0 blocks are packed as the Q4_1 blocks they are
-        (``m = -8 d``: ``q * d`` and its sum with ``m`` are exact in float32, so they widen
-        to the same bits), read by the Q4_1 kernels.
+        dequantized from that format). Q4_0 blocks are found as the Q4_1 blocks they are
+        (``m = -8 d``: ``q * d`` and its sum with ``m`` are exact in float32) and packed
+        as Q4_0 (:func:`as_q4_1` gives them back as Q4_1).
 
     The scale of each block is found from its extremes, to a few float32 ulps (the exact
     one was rounded through float16 and, for the query rows, scaled by a power of two),
@@ -259,10 +264,28 @@ def recover_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor | None:
     if fmt in ("q4_0", "q4_1"):
         nibbles = codes.to(torch.uint8)
         packed = nibbles[..., :16] | (nibbles[..., 16:] << 4)
-        parts = [as_bytes(scale), as_bytes(low), packed]
+        heads = [as_bytes(scale)] if fmt == "q4_0" else [as_bytes(scale), as_bytes(low)]
+        parts = [*heads, packed]
     else:
         parts = [as_bytes(scale), codes.to(torch.int8).view(torch.uint8)]
     return torch.cat(parts, dim=-1).reshape(rows, -1).contiguous()
+
+
+def as_q4_1(blocks: torch.Tensor) -> torch.Tensor:
+    """Packed Q4_0 blocks as the Q4_1 blocks they are (``m = -8 d``, the same codes): the
+    same weights at 24 bytes a block instead of 20, for the integer kernel's Q4_1 panels.
+
+    Args:
+        blocks: uint8, Shape: (N, K / 32 * 20).
+
+    Returns:
+        uint8, Shape: (N, K / 32 * 24).
+    """
+    rows = blocks.shape[0]
+    grid = blocks.reshape(rows, -1, _BLOCK_BYTES["q4_0"])
+    scale = grid[..., :4].contiguous().view(torch.float32)  # (N, nb, 1)
+    low = (scale * -8).view(torch.uint8)  # exact: a power of two
+    return torch.cat([grid[..., :4], low, grid[..., 4:]], dim=-1).reshape(rows, -1).contiguous()
 
 
 def quantize_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor:
@@ -302,10 +325,11 @@ def quantize_blocks(weight: torch.Tensor, fmt: Format) -> torch.Tensor:
     return widened.reshape(weight.shape)
 
 
-LAYOUTS: tuple[Format, ...] = ("q4_1", "q8_0", "q8_16", "q5_1", "q8_2")
+LAYOUTS: tuple[Format, ...] = ("q4_0", "q4_1", "q8_0", "q8_16", "q5_1", "q8_2")
 """The layouts :func:`pack_codes` packs into, in the order tried: by speed on the AVX2 EPYC
-(0.75, 1.125, 1.25, 0.875 and 1.5 bytes a weight; Q5_1's fifth bits cost more to widen than
-Q8_0's extra bytes cost to read there: docs/models.rst, "GGUF formats")."""
+(0.625, 0.75, 1.125, 1.25, 0.875 and 1.5 bytes a weight; Q5_1's fifth bits cost more to
+widen than Q8_0's extra bytes cost to read there, and so did IQ4_NL's nibbles looked up in
+their table: docs/models.rst, "GGUF formats")."""
 
 
 def _shifted(blocks: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray | None:
@@ -331,6 +355,8 @@ def pack_codes(
     """A matrix given as codes, scales and lows, 16 weights a scale and low
     (:class:`~verispec.models.gguf_codes.Codes`), in the first of ``layouts`` that holds it:
 
+    * Q4_0 where each block of 32 has one scale ``d``, its low is ``-8 d`` and every code is
+      in 0..15 (``(q - 8) d``);
     * Q4_1 where each block of 32 has one scale and one low and every code is in 0..15;
     * Q8_0 where each block has one scale and its low is ``-k`` times it for an integer
       ``k`` (0 for plain products; 8 and 16 for Q4_0 and Q5_0), the codes less ``k`` in
@@ -354,14 +380,16 @@ def pack_codes(
     blocks = code.reshape(rows, -1, _BLOCK)
     least, most = int(blocks.min(initial=0)), int(blocks.max(initial=0))
     d, m = scales[..., :1], lows[..., :1]
+    nibble = lambda q: q[..., :16] | (q[..., 16:] << 4)  # noqa: E731  (GGUF's nibble order)
     for fmt in layouts:
-        if fmt == "q4_1" and one and least >= 0 and most <= 15:
-            nibbles = blocks.astype(np.uint8)
-            packed = nibbles[..., :16] | (nibbles[..., 16:] << 4)
-            parts = [bits(d), bits(m), packed]
+        if fmt in ("q4_0", "q4_1") and one and least >= 0 and most <= 15:
+            if fmt == "q4_0" and not (m == np.float32(-8) * d).all():
+                continue
+            packed = nibble(blocks.astype(np.uint8))
+            parts = [bits(d), packed] if fmt == "q4_0" else [bits(d), bits(m), packed]
         elif fmt == "q5_1" and one and least >= 0 and most <= 31:
             nibbles = blocks.astype(np.uint8)
-            packed = (nibbles[..., :16] & 15) | ((nibbles[..., 16:] & 15) << 4)
+            packed = nibble(nibbles & 15)
             fifth = (nibbles >> 4).astype(np.uint32) << np.arange(32, dtype=np.uint32)
             high = fifth.sum(-1, keepdims=True, dtype=np.uint32)
             parts = [bits(d), bits(m), bits(high), packed]
@@ -542,8 +570,8 @@ class BlockLinear(nn.Module):
     ``Module._apply``) is counted (:func:`tensors_replaced`).
 
     Attributes:
-        fmt: the layout (:data:`FORMATS`: ``"q4_1"``, ``"q8_0"``, ``"q8_16"``, ``"q5_1"``,
-            ``"q8_2"``, ``"f16"``, ``"bf16"``) or ``"float32"``.
+        fmt: the layout (:data:`FORMATS`: ``"q4_0"``, ``"q4_1"``, ``"q8_0"``, ``"q8_16"``,
+            ``"q5_1"``, ``"q8_2"``, ``"f16"``, ``"bf16"``) or ``"float32"``.
         arithmetic: ``"exact"`` (float32 products of the widened weights) or ``"int8"``
             (:data:`ARITHMETICS`; Q4_1 and Q8_0 only).
         blocks: the weight as the kernel reads it (uint8 blocks, their panels for ``int8``,
@@ -590,19 +618,22 @@ class BlockLinear(nn.Module):
     def from_linear(
         cls, linear: nn.Linear, formats: tuple[Format, ...], arithmetic: str = "exact"
     ) -> BlockLinear | None:
-        """The first of ``formats`` that holds ``linear``'s weight exactly, or ``None`` (Q4_0
-        blocks are held as the Q4_1 blocks they are: :func:`recover_blocks`)."""
+        """The first of ``formats`` that holds ``linear``'s weight exactly, or ``None`` (with
+        ``arithmetic="int8"``, Q4_0 blocks are held as the Q4_1 blocks they are:
+        :func:`as_q4_1`)."""
         weight = linear.weight.detach()
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return None
         for fmt in formats:
-            layout: Format = "q4_1" if fmt == "q4_0" else fmt
-            if arithmetic == "int8" and layout not in INT8_KINDS:
+            int8_q4_0 = arithmetic == "int8" and fmt == "q4_0"  # multiplied as Q4_1 panels
+            if arithmetic == "int8" and fmt not in INT8_KINDS and not int8_q4_0:
                 continue
             blocks = weight.contiguous() if fmt == "float32" else recover_blocks(weight, fmt)
             if blocks is not None and weight.shape[1] % _BLOCK == 0:
                 features = (linear.in_features, linear.out_features)
-                return cls(layout, blocks, *features, linear.bias, arithmetic)
+                if int8_q4_0:
+                    return cls("q4_1", as_q4_1(blocks), *features, linear.bias, arithmetic)
+                return cls(fmt, blocks, *features, linear.bias, arithmetic)
         return None
 
     @classmethod
