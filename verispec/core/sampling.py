@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import attrs
+import numpy as np
 import torch
 
 from verispec.core.validate import attrs_check, integer, interval, number
@@ -52,30 +53,48 @@ def _non_finite_error(logits: torch.Tensor) -> NonFiniteLogitsError:
     )
 
 
-_TOP_P_CANDIDATES = 256  # first guess of how many tokens hold the top-p mass
+def _top_p_candidates(row: np.ndarray, top_p: float) -> np.ndarray:
+    """Indices (ascending) of a top set of ``row``'s probabilities of mass >= ``top_p``: those
+    at least ``p_max / 2**10``, else ``/ 2**14``, else ``/ 2**20``, else ``(1 - top_p) /
+    (2 V)``, the first threshold whose set reaches the mass (the last always does: the
+    tokens below it hold less than ``1 - top_p`` together), else every index."""
+    vocab_size = row.shape[0]
+    most = float(row.max())
+    for floor in (most / 2**10, most / 2**14, most / 2**20, (1.0 - top_p) / (2 * vocab_size)):
+        index = np.flatnonzero(row >= floor)
+        if row[index].sum(dtype=np.float64) >= top_p:
+            return index
+    return np.arange(vocab_size)
 
 
 def _top_p_drop(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """bool, Shape: (..., V): tokens outside the smallest most-likely set of mass >= top_p.
 
-    A token is dropped when the mass of the tokens ranked before it already reaches
-    ``top_p``. Instead of sorting all V scores (slow at V = 49,152 on a small CPU), take the
-    ``k`` largest, ``k = 256, 4096, ..., V``, until they hold the cut:
-    the tokens outside the top ``k`` are all dropped exactly when the top ``k`` have
-    mass >= ``top_p``. Same result as a full sort.
+    A token is dropped when the mass of the tokens ranked before it (ties in index order)
+    already reaches ``top_p``. Instead of sorting all V probabilities (0.4-1.5 ms a row at
+    V = 49,152 on a small CPU), each row sorts only a top set of them that holds the mass
+    (:func:`_top_p_candidates`): every other token ranks after all of the set, so they are
+    all dropped exactly when the set's mass reaches ``top_p`` (checked on the cumulative
+    sum; a row where it does not is sorted whole). Same result as a full sort. The
+    probabilities are torch's softmax on ``scores``' device; the ranking runs in NumPy on
+    the CPU.
     """
     probs = scores.softmax(-1)
     vocab_size = scores.shape[-1]
-    k = min(_TOP_P_CANDIDATES, vocab_size)
-    while True:
-        top, index = probs.topk(k, dim=-1)  # (..., k), sorted descending
-        cumulative = top.cumsum(-1)
-        if k == vocab_size or bool((cumulative[..., -1] >= top_p).all()):
-            break
-        k = min(16 * k, vocab_size)
-    drop_top = (cumulative - top) >= top_p
-    drop = torch.ones_like(probs, dtype=torch.bool)
-    return drop.scatter(-1, index, drop_top)
+    rows = probs.detach().reshape(-1, vocab_size).cpu()
+    rows = (rows.float() if rows.dtype == torch.bfloat16 else rows).numpy()  # NumPy has no bf16
+    drop = np.ones(rows.shape, dtype=bool)
+    for r, row in enumerate(rows):
+        index = _top_p_candidates(row, top_p)
+        order = index[np.argsort(-row[index], kind="stable")]
+        top = row[order]
+        cumulative = top.cumsum()
+        if cumulative[-1] < top_p and len(index) < vocab_size:
+            order = np.argsort(-row, kind="stable")
+            top = row[order]
+            cumulative = top.cumsum()
+        drop[r, order] = (cumulative - top) >= top_p
+    return torch.from_numpy(drop).reshape(probs.shape).to(scores.device)
 
 
 @attrs.frozen
@@ -144,9 +163,9 @@ class SamplingParams:
             scores = scores / self.temperature
         if self.top_k and self.top_k < scores.shape[-1]:
             kth = torch.topk(scores, self.top_k, dim=-1).values[..., -1:]
-            scores = scores.masked_fill(scores < kth, -math.inf)
+            scores = torch.where(scores < kth, -math.inf, scores)  # masked_fill's values, 2x faster
         if self.top_p < 1.0:
-            scores = scores.masked_fill(_top_p_drop(scores, self.top_p), -math.inf)
+            scores = torch.where(_top_p_drop(scores, self.top_p), -math.inf, scores)
         probs = scores.softmax(-1)
         if self.min_p > 0:
             floor = self.min_p * probs.amax(-1, keepdim=True)
