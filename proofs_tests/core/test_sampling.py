@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import logit_rows, sampling_params
 
-from verispec.core.sampling import SamplingParams
+from verispec.core.sampling import SamplingParams, _top_p_drop, _top_p_drop_sorted
 from verispec.errors import ConfigError, NonFiniteLogitsError
 
 
@@ -121,6 +121,19 @@ def test_top_p_matches_a_full_sort_at_large_vocabularies(scale: float) -> None:
     expected = torch.where(keep, probs, 0.0)
     expected = expected / expected.sum(-1, keepdim=True)
     assert torch.allclose(params.probs(logits, torch.float64), expected, atol=1e-15)
+
+
+@pytest.mark.parametrize("scale", [8.0, 3.0, 1.0, 0.02])
+@pytest.mark.parametrize("top_p", [0.5, 0.95, 0.999])
+def test_the_cpu_top_p_ranking_equals_the_full_sort_a_gpu_runs(scale: float, top_p: float) -> None:
+    """The CPU's top-p cut (a top set of candidates ranked in NumPy) drops exactly the tokens
+    the full stable sort drops (what a GPU runs), from peaked to flat rows, ties included."""
+    gen = torch.Generator().manual_seed(int(scale * 10))
+    scores = scale * torch.randn(3, 49152, generator=gen)
+    scores[2, 100:400] = scores[2, 7]  # ties with a likely token
+    got = _top_p_drop(scores, top_p)
+    assert torch.equal(got, _top_p_drop_sorted(scores.softmax(-1), top_p))
+    assert bool((~got).any(-1).all())  # every row keeps a token
 
 
 def test_top_p_is_applied_after_temperature() -> None:
