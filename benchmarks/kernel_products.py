@@ -18,7 +18,8 @@ machine load)::
     taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,3,6 --against HEAD~1
 
 ``--arithmetic both`` times the float32 products (``exact``) and the integer products
-(``int8``, ``verispec/kernels/cpu/int8.c``, the same blocks regrouped in panels) in the same
+(``int8``, ``verispec/kernels/cpu/int8.c``, the same blocks regrouped in panels with half
+scales, as the runtime holds them) in the same
 passes, alternating, and prints both totals and their ratio::
 
     taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,4,16 --arithmetic both
@@ -42,7 +43,7 @@ from verispec.kernels.cpu.features import cpu_features
 from verispec.models.accelerators import blocks as cpu_linear
 from verispec.models.accelerators.blocks import (
     FORMATS,
-    INT8_KINDS,
+    INT8_HALF_KINDS,
     library,
     quantize_blocks,
     recover_blocks,
@@ -58,6 +59,13 @@ def _blocks(rows: int, cols: int, fmt: str, seed: int) -> torch.Tensor:
     blocks = recover_blocks(quantize_blocks(weight, fmt), fmt)  # type: ignore[arg-type]
     assert blocks is not None
     return blocks
+
+
+def _panels(blocks: torch.Tensor, fmt: str, rows: int) -> torch.Tensor:
+    """The integer kernel's panels of ``blocks`` with half scales, as the runtime holds them."""
+    panels = to_panels(blocks, fmt, rows, half=True)  # type: ignore[arg-type]
+    assert panels is not None
+    return panels
 
 
 def _library_at(revision: str, folder: str) -> ctypes.CDLL:
@@ -81,18 +89,21 @@ def _library_at(revision: str, folder: str) -> ctypes.CDLL:
 
 def _forward(lib, layers, head, x, y, m: int, threads: int, kinds=FORMATS) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """Seconds of each product kind over one pass of every layer and the LM head (``kinds``:
-    the C code's format numbers, :data:`FORMATS` or :data:`INT8_KINDS`)."""
+    the C code's format numbers, :data:`FORMATS` or :data:`INT8_HALF_KINDS`)."""
     spent = dict.fromkeys([*LAYER_SHAPES, "head"], 0.0)
+    refused = 0
     for layer in layers:
         for name, (n, k) in LAYER_SHAPES.items():
             start = time.perf_counter()
-            lib.vs_linear(kinds["q4_1"], x.data_ptr(), m, k, layer[name].data_ptr(), n,
-                          None, y.data_ptr(), threads)  # fmt: skip
+            refused |= lib.vs_linear(kinds["q4_1"], x.data_ptr(), m, k, layer[name].data_ptr(),
+                                     n, None, y.data_ptr(), threads)  # fmt: skip
             spent[name] += time.perf_counter() - start
     start = time.perf_counter()
-    lib.vs_linear(kinds["q8_0"], x.data_ptr(), m, HEAD_SHAPE[1], head.data_ptr(),
-                  HEAD_SHAPE[0], None, y.data_ptr(), threads)  # fmt: skip
+    refused |= lib.vs_linear(kinds["q8_0"], x.data_ptr(), m, HEAD_SHAPE[1], head.data_ptr(),
+                             HEAD_SHAPE[0], None, y.data_ptr(), threads)  # fmt: skip
     spent["head"] += time.perf_counter() - start
+    if refused:  # e.g. --against a revision whose kernels predate these panels
+        raise SystemExit(f"a library refused the formats {dict(kinds)}")
     return spent
 
 
@@ -126,16 +137,16 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     if args.arithmetic != "exact":
         panels = [
-            {name: to_panels(b, "q4_1", LAYER_SHAPES[name][0]) for name, b in layer.items()}
+            {name: _panels(b, "q4_1", LAYER_SHAPES[name][0]) for name, b in layer.items()}
             for layer in layers
         ]
-        head_panels = to_panels(head, "q8_0", HEAD_SHAPE[0])
+        head_panels = _panels(head, "q8_0", HEAD_SHAPE[0])
         if args.arithmetic == "int8":
             layers, head = panels, head_panels
         else:
             _both(lib, args, (layers, head), (panels, head_panels), rows)
             return
-    kinds = INT8_KINDS if args.arithmetic == "int8" else FORMATS
+    kinds = INT8_HALF_KINDS if args.arithmetic == "int8" else FORMATS
     if args.against:
         with tempfile.TemporaryDirectory() as folder:
             _compare(lib, _library_at(args.against, folder), args, layers, head, rows, kinds)
@@ -188,7 +199,7 @@ def _both(lib, args, exact, integer, rows: list[int]) -> None:  # type: ignore[n
         for _ in range(args.repeats + 1):
             for name, (layers, head), kinds in (
                 ("exact", exact, FORMATS),
-                ("int8", integer, INT8_KINDS),
+                ("int8", integer, INT8_HALF_KINDS),
             ):
                 spent = _forward(lib, layers, head, x, y, m, args.threads, kinds)
                 totals[name].append(sum(spent.values()))

@@ -6,7 +6,8 @@ Run from the repository root::
         --limit 3 --repeats 2
 
 The first ``--limit`` Spec-Bench questions of each category (first turn, chat template,
-greedy, ``--max-new-tokens`` tokens) are answered by every method, each question in the
+greedy unless ``--temperature`` says otherwise, ``--max-new-tokens`` tokens; ``--arithmetic``
+as ``verispec bench``'s) are answered by every method, each question in the
 next order of :func:`verispec.bench.runner.method_orders` (every method follows every
 other equally often), the whole set ``--repeats`` times; every method keeps one decoder,
 so what it learns carries over, as in ``verispec bench``. From the engine's own clocks
@@ -50,9 +51,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     add_threads_option(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--arithmetic", choices=("exact", "int8"), default="exact")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, tokenizer = verispec.load_default_model()
+    model, tokenizer = verispec.load_default_model(arithmetic=args.arithmetic)
     categories = args.categories.split(",") if args.categories else None
     questions = select_questions(load_questions(args.questions), args.limit, categories, 1)
     prompts = [
@@ -74,7 +79,10 @@ def main() -> None:
             order = orders[(repeat * len(prompts) + index) % len(orders)]
             answers = {}
             for method in (methods[i] for i in order):
-                result = decoders[method].generate(ids, max_new_tokens=args.max_new_tokens)
+                result = decoders[method].generate(
+                    ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                    top_p=args.top_p, seed=args.seed,
+                )  # fmt: skip
                 answers[method] = result.tokens
                 steps[method] += result.steps
                 seconds[method] += result.total_s
@@ -85,7 +93,10 @@ def main() -> None:
                 differ[method] += answers[method] != first
 
     flags = " ".join(cpu_features())
-    print(f"\nCPU flags: {flags}; threads {args.threads}; {len(prompts)} prompts x {args.repeats}")
+    print(
+        f"\nCPU flags: {flags}; threads {args.threads}; {len(prompts)} prompts x {args.repeats}; "
+        f"{args.arithmetic}; temperature {args.temperature}, top-p {args.top_p}, seed {args.seed}"
+    )
     print(
         "\n| method | tok/s | vs first | steps | drafted | draft | target | verify | commit "
         "| rest | plain: target / verify / draft | drafted: target / draft | = first |"

@@ -21,6 +21,7 @@ from verispec.decoder import SpeculativeDecoder
 from verispec.drafters.token_recycling import TokenRecycling
 from verispec.errors import ConfigError
 from verispec.models import FastModel, tiny_model
+from verispec.models.accelerators import blocks as cpu_linear
 from verispec.models.accelerators.blocks import (
     BlockLinear,
     from_panels,
@@ -65,17 +66,63 @@ def each_path():
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("rows", [1, 7, 8, 13])
-def test_panels_hold_the_blocks_and_give_them_back(fmt: str, rows: int) -> None:
-    """Regrouping a matrix's blocks into panels of eight rows (a last panel padded) loses
-    nothing: the blocks come back byte for byte, and the product's weight widens to the
-    matrix bit for bit."""
+@pytest.mark.parametrize("half", [False, True])
+def test_panels_hold_the_blocks_and_give_them_back(fmt: str, rows: int, half: bool) -> None:
+    """Regrouping a matrix's blocks into panels of eight rows (a last panel padded), with
+    float32 or half scales, loses nothing: the blocks come back byte for byte, and the
+    product's weight widens to the matrix bit for bit."""
     linear = _linear(rows, 96, fmt, seed=rows)
     blocks = recover_blocks(linear.weight.detach(), fmt)  # type: ignore[arg-type]
     assert blocks is not None
-    panels = to_panels(blocks, fmt, rows)  # type: ignore[arg-type]
-    assert panels.shape[0] == -(-rows // 8)
-    assert torch.equal(from_panels(panels, fmt, rows), blocks)  # type: ignore[arg-type]
+    panels = to_panels(blocks, fmt, rows, half)  # type: ignore[arg-type]
+    assert panels is not None and panels.shape[0] == -(-rows // 8)
+    block_bytes = {"q4_1": 24, "q8_0": 36}[fmt] - ({"q4_1": 4, "q8_0": 2}[fmt] if half else 0)
+    assert panels.shape[1] == 96 // 32 * 8 * block_bytes
+    assert torch.equal(from_panels(panels, fmt, rows, half), blocks)  # type: ignore[arg-type]
     assert torch.equal(_int8(linear, fmt).dequantized(), linear.weight.detach())
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_half_scales_are_used_only_where_every_scale_is_a_half(fmt: str) -> None:
+    """llama.cpp's scales are halves, so its blocks' panels hold them in 2 bytes; a matrix
+    with one scale that is no half (here a block scaled by 2**-20, below the halves' range)
+    keeps float32 scales, and both widen to the matrix bit for bit."""
+    linear = _linear(16, 96, fmt, seed=2)
+    block = _int8(linear, fmt)
+    assert block.half_scales and block.kind == {"q4_1": 12, "q8_0": 13}[fmt]
+    with torch.no_grad():
+        linear.weight[3, 32:64] *= 2.0**-20
+    block = _int8(linear, fmt)
+    assert not block.half_scales and block.kind == {"q4_1": 3, "q8_0": 4}[fmt]
+    assert torch.equal(block.dequantized(), linear.weight.detach())
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_half_scale_panels_give_the_float32_scale_panels_bits(
+    fmt: str, each_path: tuple[str, ...]
+) -> None:
+    """The same matrix's panels with half scales and with float32 scales give the same bits
+    on every path, for one to 64 rows on one or two threads (the scales widen exactly)."""
+    linear = _linear(44, 192, fmt, seed=12, bias=True)
+    block = _int8(linear, fmt)
+    assert block.half_scales
+    blocks = recover_blocks(linear.weight.detach(), fmt)  # type: ignore[arg-type]
+    assert blocks is not None
+    wide = to_panels(blocks, fmt, 44)  # type: ignore[arg-type]
+    assert wide is not None
+    kind = {"q4_1": 3, "q8_0": 4}[fmt]
+    x = torch.randn(64, 192, generator=torch.Generator().manual_seed(13))
+    before = torch.get_num_threads()
+    try:
+        for path in each_path:
+            int8_path(path)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                for count in (1, 2, 5, 17, 64):
+                    want = cpu_linear._linear(kind, x[:count], wide, 44, linear.bias.detach())
+                    assert torch.equal(block.eager(x[:count]), want), (path, threads, count)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_activation_codes_are_llama_cpp_q8_1_rounding(each_path: tuple[str, ...]) -> None:

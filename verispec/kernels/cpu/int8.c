@@ -17,6 +17,10 @@
  *        q[v][4 j + b] = code(j, 8 v + b) | code(j, 8 v + 4 + b) << 4
  *   4  Q8_0 panel block: float d[8]; int8 q[8][32]                 (w = q d, |q| <= 127)
  *        q[v][4 j + b] = code(j, 4 v + b)
+ *  12, 13  the same with the scales (and minimums) as IEEE halves (uint16), where every one
+ *        of the matrix is a half (GGUF's Q4_0, Q4_1, Q5_0 and Q8_0 scales are): 20 and 34
+ *        bytes for 32 weights of a row instead of 24 and 36, widened exactly (vcvtph2ps), so
+ *        the same values and bits as 3 and 4. Needs F16C (vs_panel_bytes is 0 without).
  *
  * The one summation order. For output j of row r, block i: t_i = the integer sum of the
  * block's 32 code products (exact: |t_i| < 2^24, so exact in float32 too), then
@@ -43,9 +47,36 @@
 
 typedef struct { float d[PANEL], m[PANEL]; uint8_t q[4][32]; } panel_q4_1;
 typedef struct { float d[PANEL]; int8_t q[8][32]; } panel_q8_0;
+typedef struct { uint16_t d[PANEL], m[PANEL]; uint8_t q[4][32]; } panel_q4_1h;
+typedef struct { uint16_t d[PANEL]; int8_t q[8][32]; } panel_q8_0h;
+
+#define IS_Q4(kind) ((kind) == 3 || (kind) == 12) /* Q4_1 codes (else Q8_0) */
+#define IS_HALF(kind) ((kind) >= 12)               /* scales as halves */
+/* Bytes of a panel block before its codes: the eight rows' scales (and minimums). */
+#define HEAD_BYTES(kind) ((IS_Q4(kind) ? 2 : 1) * PANEL * (IS_HALF(kind) ? 2 : 4))
 
 int vs_panel_bytes(int kind) {
-    return kind == 3 ? (int)sizeof(panel_q4_1) : kind == 4 ? (int)sizeof(panel_q8_0) : 0;
+    return kind == 3 ? (int)sizeof(panel_q4_1) : kind == 4 ? (int)sizeof(panel_q8_0)
+#if defined(__F16C__)
+         : kind == 12 ? (int)sizeof(panel_q4_1h) : kind == 13 ? (int)sizeof(panel_q8_0h)
+#endif
+         : 0;
+}
+
+/* The eight rows' scales (k = 0) or minimums (k = 1) of the panel block at `head`, float32:
+ * a half widens exactly. */
+static inline __attribute__((always_inline)) __m256 scales8(int kind, const uint8_t *head, int k) {
+#if defined(__F16C__)
+    if (IS_HALF(kind)) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * k)));
+#endif
+    return _mm256_loadu_ps((const float *)head + PANEL * k);
+}
+/* Row j's scale (k = 0) or minimum (k = 1), for the portable path. */
+static inline float scale1(int kind, const uint8_t *head, int k, int j) {
+#if defined(__F16C__)
+    if (IS_HALF(kind)) return _cvtsh_ss(((const uint16_t *)head)[PANEL * k + j]);
+#endif
+    return ((const float *)head)[PANEL * k + j];
 }
 
 /* -- the activations' codes ------------------------------------------------------------ */
@@ -122,31 +153,31 @@ panel_c(int kind, const uint8_t *panel, int64_t blocks, const int8_t *xq,
         for (int64_t i = 0; i < blocks; i++) {
             const int8_t *a = xq + r * K + 32 * i;
             const float da = xd[r * (K / 32) + i];
-            if (kind == 3) {
-                const panel_q4_1 *p = (const panel_q4_1 *)(panel + i * bytes);
+            const uint8_t *head = panel + i * bytes, *q = head + HEAD_BYTES(kind);
+            if (IS_Q4(kind)) {
                 const float sa = xs[r * (K / 32) + i];
                 for (int j = 0; j < PANEL; j++) {
                     int t = 0;
                     for (int v = 0; v < 4; v++)
                         for (int b = 0; b < 4; b++) {
-                            const int byte = p->q[v][4 * j + b];
+                            const int byte = q[32 * v + 4 * j + b];
                             t += (byte & 15) * a[8 * v + b] + (byte >> 4) * a[8 * v + 4 + b];
                         }
-                    acc[j] = fmaf((float)t, p->d[j] * da, acc[j]);
-                    mac[j] = fmaf(p->m[j], sa, mac[j]);
+                    acc[j] = fmaf((float)t, scale1(kind, head, 0, j) * da, acc[j]);
+                    mac[j] = fmaf(scale1(kind, head, 1, j), sa, mac[j]);
                 }
             } else {
-                const panel_q8_0 *p = (const panel_q8_0 *)(panel + i * bytes);
                 for (int j = 0; j < PANEL; j++) {
                     int t = 0;
                     for (int v = 0; v < 8; v++)
-                        for (int b = 0; b < 4; b++) t += p->q[v][4 * j + b] * a[4 * v + b];
-                    acc[j] = fmaf((float)t, p->d[j] * da, acc[j]);
+                        for (int b = 0; b < 4; b++)
+                            t += ((const int8_t *)q)[32 * v + 4 * j + b] * a[4 * v + b];
+                    acc[j] = fmaf((float)t, scale1(kind, head, 0, j) * da, acc[j]);
                 }
             }
         }
         for (int j = 0; j < PANEL && n0 + j < N; j++) {
-            const float v = kind == 3 ? acc[j] + mac[j] : acc[j];
+            const float v = IS_Q4(kind) ? acc[j] + mac[j] : acc[j];
             y[r * ldy + n0 + j] = v + (bias ? bias[n0 + j] : 0.0f);
         }
     }
@@ -170,21 +201,21 @@ static inline __m256i broadcast4(const int8_t *a) {
         for (int k = 0; k < R; k++) acc[k] = mac[k] = _mm256_setzero_ps();                   \
         for (int64_t i = 0; i < blocks; i++) {                                               \
             const __m256i *w = codes + 16 * i;                                               \
-            const float *head = (const float *)(panel + i * bytes);                          \
-            const __m256 dw = _mm256_loadu_ps(head);                                         \
+            const uint8_t *head = panel + i * bytes;                                         \
+            const __m256 dw = scales8(KIND, head, 0);                                        \
             for (int k = 0; k < R; k++) {                                                    \
                 const int8_t *a = xq + (r + k) * K + 32 * i;                                 \
                 const __m256i t = SUM(w, a);                                                 \
                 const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[(r + k) * blocks + i])); \
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), scale, acc[k]);              \
-                if (KIND == 3)                                                               \
-                    mac[k] = _mm256_fmadd_ps(_mm256_loadu_ps(head + PANEL),                  \
+                if (IS_Q4(KIND))                                                             \
+                    mac[k] = _mm256_fmadd_ps(scales8(KIND, head, 1),                         \
                                              _mm256_set1_ps(xs[(r + k) * blocks + i]), mac[k]); \
             }                                                                                \
         }                                                                                    \
         for (int k = 0; k < R; k++) {                                                        \
             float out[PANEL];                                                                \
-            const __m256 v = KIND == 3 ? _mm256_add_ps(acc[k], mac[k]) : acc[k];             \
+            const __m256 v = IS_Q4(KIND) ? _mm256_add_ps(acc[k], mac[k]) : acc[k];           \
             _mm256_storeu_ps(out, _mm256_add_ps(v, _mm256_loadu_ps(b)));                     \
             memcpy(y + (r + k) * ldy + n0, out, (size_t)n * 4);                              \
         }                                                                                    \
@@ -203,28 +234,27 @@ static inline __m256i broadcast4(const int8_t *a) {
     for (int64_t i = 0; i < blocks; i++) {                                                   \
         __m256i *c = direct ? own : codes + 16 * i;                                          \
         prefetch_ahead(panel + i * bytes, AHEAD_BYTES, bytes);                               \
-        if (KIND == 3) {                                                                     \
-            const panel_q4_1 *p = (const panel_q4_1 *)(panel + i * bytes);                   \
+        const uint8_t *q = panel + i * bytes + HEAD_BYTES(KIND);                             \
+        if (IS_Q4(KIND)) {                                                                   \
             for (int v = 0; v < 4; v++) {                                                    \
-                const __m256i raw = _mm256_loadu_si256((const __m256i *)p->q[v]);             \
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * v));        \
                 c[2 * v] = _mm256_and_si256(raw, low4);                                      \
                 c[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);            \
             }                                                                                \
         } else {                                                                             \
-            const panel_q8_0 *p = (const panel_q8_0 *)(panel + i * bytes);                   \
             for (int v = 0; v < 8; v++) {                                                    \
-                const __m256i q = _mm256_loadu_si256((const __m256i *)p->q[v]);               \
-                c[v] = _mm256_sign_epi8(q, q), c[8 + v] = q;                                 \
+                const __m256i u = _mm256_loadu_si256((const __m256i *)(q + 32 * v));          \
+                c[v] = _mm256_sign_epi8(u, u), c[8 + v] = u;                                 \
             }                                                                                \
         }                                                                                    \
         for (int64_t r = r0; direct && r < r1; r++) {                                        \
             const int8_t *a = xq + r * K + 32 * i;                                           \
-            const float *head = (const float *)(panel + i * bytes);                          \
-            const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(head),                        \
+            const uint8_t *head = panel + i * bytes;                                         \
+            const __m256 scale = _mm256_mul_ps(scales8(KIND, head, 0),                       \
                                                _mm256_set1_ps(xd[r * blocks + i]));           \
             acc1[r - r0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SUM(own, a)), scale, acc1[r - r0]); \
-            if (KIND == 3)                                                                   \
-                mac1[r - r0] = _mm256_fmadd_ps(_mm256_loadu_ps(head + PANEL),                \
+            if (IS_Q4(KIND))                                                                 \
+                mac1[r - r0] = _mm256_fmadd_ps(scales8(KIND, head, 1),                       \
                                                _mm256_set1_ps(xs[r * blocks + i]), mac1[r - r0]); \
         }                                                                                    \
     }                                                                                        \
@@ -234,7 +264,7 @@ static inline __m256i broadcast4(const int8_t *a) {
     if (direct) {                                                                            \
         for (int64_t r = r0; r < r1; r++) {                                                  \
             float out[PANEL];                                                                \
-            const __m256 v = KIND == 3 ? _mm256_add_ps(acc1[r - r0], mac1[r - r0]) : acc1[r - r0]; \
+            const __m256 v = IS_Q4(KIND) ? _mm256_add_ps(acc1[r - r0], mac1[r - r0]) : acc1[r - r0]; \
             _mm256_storeu_ps(out, _mm256_add_ps(v, _mm256_loadu_ps(b)));                     \
             memcpy(y + r * ldy + n0, out, (size_t)n * 4);                                    \
         }                                                                                    \
@@ -267,7 +297,7 @@ static inline __m256i broadcast4(const int8_t *a) {
  * w, a) adds a vector of codes times broadcast activations into the integer sums s,
  * FINISH(s) gives the block's int32 sums. The same sums and float operations as
  * PANEL_BODY, so the same bits. */
-#define PAIR_ROWS(STEP, FINISH, R)                                                           \
+#define PAIR_ROWS(STEP, FINISH, KIND, R)                                                     \
     do {                                                                                     \
         __m256i sum[R][2];                                                                   \
         for (int k = 0; k < R; k++) sum[k][0] = sum[k][1] = _mm256_setzero_si256();          \
@@ -283,10 +313,10 @@ static inline __m256i broadcast4(const int8_t *a) {
             const __m256 da = _mm256_set1_ps(xd[(r + k) * blocks + i]);                      \
             const __m256 sa = _mm256_set1_ps(xs[(r + k) * blocks + i]);                      \
             for (int p = 0; p < 2; p++) {                                                    \
-                const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(h[p]), da);               \
+                const __m256 scale = _mm256_mul_ps(scales8(KIND, h[p], 0), da);              \
                 acc[r + k - t0][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(FINISH(sum[k][p])),  \
                                                      scale, acc[r + k - t0][p]);             \
-                mac[r + k - t0][p] = _mm256_fmadd_ps(_mm256_loadu_ps(h[p] + PANEL), sa,      \
+                mac[r + k - t0][p] = _mm256_fmadd_ps(scales8(KIND, h[p], 1), sa,             \
                                                      mac[r + k - t0][p]);                    \
             }                                                                                \
         }                                                                                    \
@@ -297,9 +327,9 @@ static inline __m256i broadcast4(const int8_t *a) {
         const float *xd, const float *xs, int64_t K, int64_t r0, int64_t r1, float *y,       \
         int64_t ldy, int64_t n0, int64_t N, const float *bias, __m256i *codes
 
-#define PAIR_BODY(STEP, FINISH)                                                              \
+#define PAIR_BODY(STEP, FINISH, KIND)                                                        \
     (void)codes;                                                                             \
-    const int64_t bytes = vs_panel_bytes(3);                                                 \
+    const int64_t bytes = vs_panel_bytes(KIND);                                              \
     const __m256i low4 = _mm256_set1_epi8(15);                                               \
     float b[2][PANEL] = {{0}};                                                               \
     int64_t n[2];                                                                            \
@@ -315,22 +345,21 @@ static inline __m256i broadcast4(const int8_t *a) {
             for (int p = 0; p < 2; p++) acc[r - t0][p] = mac[r - t0][p] = _mm256_setzero_ps(); \
         for (int64_t i = 0; i < blocks; i++) {                                               \
             _Alignas(32) __m256i c[16]; /* block i of both panels, unpacked */               \
-            const float *h[2] = {(const float *)(panel0 + i * bytes),                        \
-                                 (const float *)(panel1 + i * bytes)};                       \
+            const uint8_t *h[2] = {panel0 + i * bytes, panel1 + i * bytes};                  \
             for (int p = 0; p < 2; p++) {                                                    \
-                const panel_q4_1 *q = (const panel_q4_1 *)h[p];                              \
+                const uint8_t *q = h[p] + HEAD_BYTES(KIND);                                  \
                 prefetch_ahead(h[p], AHEAD_BYTES, bytes);                                    \
                 for (int v = 0; v < 4; v++) {                                                \
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)q->q[v]);         \
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * v));    \
                     c[8 * p + 2 * v] = _mm256_and_si256(raw, low4);                          \
                     c[8 * p + 2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4); \
                 }                                                                            \
             }                                                                                \
             int64_t r = t0;                                                                  \
-            for (; r + 4 <= t1; r += 4) PAIR_ROWS(STEP, FINISH, 4);                          \
-            if (t1 - r == 3) PAIR_ROWS(STEP, FINISH, 3);                                     \
-            if (t1 - r == 2) PAIR_ROWS(STEP, FINISH, 2);                                     \
-            if (t1 - r == 1) PAIR_ROWS(STEP, FINISH, 1);                                     \
+            for (; r + 4 <= t1; r += 4) PAIR_ROWS(STEP, FINISH, KIND, 4);                    \
+            if (t1 - r == 3) PAIR_ROWS(STEP, FINISH, KIND, 3);                               \
+            if (t1 - r == 2) PAIR_ROWS(STEP, FINISH, KIND, 2);                               \
+            if (t1 - r == 1) PAIR_ROWS(STEP, FINISH, KIND, 1);                               \
         }                                                                                    \
         for (int64_t r = t0; r < t1; r++)                                                    \
             for (int p = 0; p < 2; p++) {                                                    \
@@ -362,17 +391,30 @@ static inline __m256i q8_avx2(const __m256i c[16], const int8_t *a) {
 }
 ONE_PANEL panel_q4_avx2(PANEL_ARGS) { PANEL_BODY(q4_avx2, 3) }
 static void panels_q4_avx2(PANELS_ARGS) { PANELS(panel_q4_avx2); }
+ONE_PANEL panel_q4h_avx2(PANEL_ARGS) { PANEL_BODY(q4_avx2, 12) }
+static void panels_q4h_avx2(PANELS_ARGS) { PANELS(panel_q4h_avx2); }
 static inline __m256i step_avx2(__m256i s, __m256i w, __m256i a) {
     return _mm256_add_epi16(s, _mm256_maddubs_epi16(w, a)); /* at most 8 * 2 * 15 * 127 */
 }
 static inline __m256i finish_avx2(__m256i s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
-static void pair_q4_avx2(PAIR_ARGS) { PAIR_BODY(step_avx2, finish_avx2) }
+static void pair_q4_avx2(PAIR_ARGS) { PAIR_BODY(step_avx2, finish_avx2, 3) }
+static void pair_q4h_avx2(PAIR_ARGS) { PAIR_BODY(step_avx2, finish_avx2, 12) }
 ONE_PANEL panel_q8_avx2(PANEL_ARGS) { PANEL_BODY(q8_avx2, 4) }
 static void panels_q8_avx2(PANELS_ARGS) { PANELS(panel_q8_avx2); }
+ONE_PANEL panel_q8h_avx2(PANEL_ARGS) { PANEL_BODY(q8_avx2, 13) }
+static void panels_q8h_avx2(PANELS_ARGS) { PANELS(panel_q8h_avx2); }
 static void panels_c(PANELS_ARGS) { PANELS(panel_c); }
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 #define VS_HAVE_VNNI 1
+/* One panel and a thread's share of panels of format KIND (name), with the sums of `sums`. */
+#define VNNI_PANELS(suffix, isa, name, sums, KIND)                                           \
+    __attribute__((target(isa))) ONE_PANEL panel_##name##_##suffix(PANEL_ARGS) {             \
+        PANEL_BODY(sums##_##suffix, KIND)                                                    \
+    }                                                                                        \
+    __attribute__((target(isa))) static void panels_##name##_##suffix(PANELS_ARGS) {         \
+        PANELS(panel_##name##_##suffix);                                                     \
+    }
 /* VNNI: vpdpbusd sums four u8 x s8 products into each int32 lane. */
 #define VNNI_SUMS(suffix, isa, dpbusd)                                                    \
     __attribute__((target(isa))) static inline __m256i q4_##suffix(const __m256i w[8],   \
@@ -388,18 +430,10 @@ static void panels_c(PANELS_ARGS) { PANELS(panel_c); }
             s = dpbusd(s, c[v], _mm256_sign_epi8(broadcast4(a + 4 * v), c[8 + v]));           \
         return s;                                                                            \
     }                                                                                        \
-    __attribute__((target(isa))) ONE_PANEL panel_q4_##suffix(PANEL_ARGS) {                   \
-        PANEL_BODY(q4_##suffix, 3)                                                           \
-    }                                                                                        \
-    __attribute__((target(isa))) ONE_PANEL panel_q8_##suffix(PANEL_ARGS) {                   \
-        PANEL_BODY(q8_##suffix, 4)                                                           \
-    }                                                                                        \
-    __attribute__((target(isa))) static void panels_q4_##suffix(PANELS_ARGS) {               \
-        PANELS(panel_q4_##suffix);                                                           \
-    }                                                                                        \
-    __attribute__((target(isa))) static void panels_q8_##suffix(PANELS_ARGS) {               \
-        PANELS(panel_q8_##suffix);                                                           \
-    }                                                                                        \
+    VNNI_PANELS(suffix, isa, q4, q4, 3)                                                      \
+    VNNI_PANELS(suffix, isa, q4h, q4, 12)                                                    \
+    VNNI_PANELS(suffix, isa, q8, q8, 4)                                                      \
+    VNNI_PANELS(suffix, isa, q8h, q8, 13)                                                    \
     __attribute__((target(isa))) static inline __m256i step_##suffix(__m256i s, __m256i w,   \
                                                                      __m256i a) {            \
         return dpbusd(s, w, a);                                                              \
@@ -408,7 +442,10 @@ static void panels_c(PANELS_ARGS) { PANELS(panel_c); }
         return s;                                                                            \
     }                                                                                        \
     __attribute__((target(isa))) static void pair_q4_##suffix(PAIR_ARGS) {                   \
-        PAIR_BODY(step_##suffix, finish_##suffix)                                            \
+        PAIR_BODY(step_##suffix, finish_##suffix, 3)                                         \
+    }                                                                                        \
+    __attribute__((target(isa))) static void pair_q4h_##suffix(PAIR_ARGS) {                  \
+        PAIR_BODY(step_##suffix, finish_##suffix, 12)                                        \
     }
 VNNI_SUMS(avxvnni, "avxvnni", _mm256_dpbusd_avx_epi32)
 VNNI_SUMS(avx512vnni, "avx512vnni,avx512vl", _mm256_dpbusd_epi32)
@@ -455,25 +492,32 @@ int vs_int8_use_path(int p) {
 typedef void (*pair_fn)(PAIR_ARGS);
 
 /* The two-panel Q4_1 product of a vector path (NULL for the portable one). */
-static pair_fn pair_for(int path) {
+static pair_fn pair_for(int path, int kind) {
+    const int half = IS_HALF(kind);
     switch (path) {
     case PATH_C: return NULL;
 #ifdef VS_HAVE_VNNI
-    case PATH_AVXVNNI: return pair_q4_avxvnni;
-    case PATH_AVX512VNNI: return pair_q4_avx512vnni;
+    case PATH_AVXVNNI: return half ? pair_q4h_avxvnni : pair_q4_avxvnni;
+    case PATH_AVX512VNNI: return half ? pair_q4h_avx512vnni : pair_q4_avx512vnni;
 #endif
-    default: return pair_q4_avx2;
+    default: return half ? pair_q4h_avx2 : pair_q4_avx2;
     }
 }
 
+/* The C code's product of a thread's share of panels, by path and format. */
+#define BY_KIND(q4, q4h, q8, q8h) \
+    (kind == 3 ? q4 : kind == 12 ? q4h : kind == 4 ? q8 : q8h)
 static panels_fn panels_for(int path, int kind) {
     switch (path) {
     case PATH_C: return panels_c;
 #ifdef VS_HAVE_VNNI
-    case PATH_AVXVNNI: return kind == 3 ? panels_q4_avxvnni : panels_q8_avxvnni;
-    case PATH_AVX512VNNI: return kind == 3 ? panels_q4_avx512vnni : panels_q8_avx512vnni;
+    case PATH_AVXVNNI:
+        return BY_KIND(panels_q4_avxvnni, panels_q4h_avxvnni, panels_q8_avxvnni, panels_q8h_avxvnni);
+    case PATH_AVX512VNNI:
+        return BY_KIND(panels_q4_avx512vnni, panels_q4h_avx512vnni, panels_q8_avx512vnni,
+                       panels_q8h_avx512vnni);
 #endif
-    default: return kind == 3 ? panels_q4_avx2 : panels_q8_avx2;
+    default: return BY_KIND(panels_q4_avx2, panels_q4h_avx2, panels_q8_avx2, panels_q8h_avx2);
     }
 }
 
@@ -487,11 +531,12 @@ int vs_quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, 
     return 0;
 }
 
-/* y (M x N) = x (M x K) W^T + bias, W as panels of `kind` (3 or 4), on `threads` threads.
+/* y (M x N) = x (M x K) W^T + bias, W as panels of `kind` (3, 4, 12 or 13), on `threads`
+ * threads.
  * Returns 0, or -1 on a bad kind or K, or no memory. */
 int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *weight,
                    int64_t N, const float *bias, float *y, int threads) {
-    if ((kind != 3 && kind != 4) || K % 32 != 0 || M < 1) return -1;
+    if (vs_panel_bytes(kind) == 0 || K % 32 != 0 || M < 1) return -1;
     const int64_t blocks = K / 32, panels = (N + PANEL - 1) / PANEL;
     int8_t *xq = NULL;
     if (posix_memalign((void **)&xq, 64, (size_t)(M * K + 8 * M * blocks)) != 0) return -1;
@@ -512,7 +557,7 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
             codes = NULL;
         }
         /* Q4_1 from DIRECT_ROWS + 1 rows on: panels two at a time (a last odd one alone) */
-        const pair_fn pair = kind == 3 && M > DIRECT_ROWS ? pair_for(vs_int8_path()) : NULL;
+        const pair_fn pair = IS_Q4(kind) && M > DIRECT_ROWS ? pair_for(vs_int8_path(), kind) : NULL;
         const uint8_t *w = (const uint8_t *)weight;
         if (pair == NULL) { /* a contiguous share of the panels for each thread */
             int64_t p0, p1;

@@ -19,7 +19,8 @@
  *                byte j holds q_j (low nibble) and q_{j+16} (high nibble)
  *   2  Q8_0      struct { float d; int8 q[32]; }       w[i] = q_i * d
  *   3, 4         Q4_1 / Q8_0 in panels of eight rows, multiplied in integers
- *                (arithmetic="int8"): handed to vs_linear_int8 (kernels/cpu/int8.c)
+ *                (arithmetic="int8"): handed to vs_linear_int8 (kernels/cpu/int8.c); 12 and
+ *                13 the same with half-precision scales
  *   5  Q8_2      struct { float d[2], m[2]; int8 q[32]; }  w[i] = q_i * d[h] + m[h], h = i / 16:
  *                the layout every GGUF block format widens into exactly (the K-quants'
  *                16-weight sub-blocks, 5- and 6-bit codes, IQ4's table values); read from
@@ -483,7 +484,8 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
  * Returns 0, or -1 if K does not suit the format or memory ran out. */
 int vs_linear(int kind, const float *x, int64_t M, int64_t K, const void *weight, int64_t N,
               const float *bias, float *y, int threads) {
-    if (kind == 3 || kind == 4) return vs_linear_int8(kind, x, M, K, weight, N, bias, y, threads);
+    if (kind == 3 || kind == 4 || kind == 12 || kind == 13)
+        return vs_linear_int8(kind, x, M, K, weight, N, bias, y, threads);
     if (K % 32 != 0 || (kind != 0 && vs_block_bytes(kind) == 0)) return -1;
     int64_t row_bytes = kind == 0 ? K * 4 : (K / 32) * vs_block_bytes(kind);
     int64_t tiles = (N + NR - 1) / NR;

@@ -61,6 +61,7 @@ __all__ = [
     "BLOCK_FORMATS",
     "FORMATS",
     "HEAD_FORMATS",
+    "INT8_HALF_KINDS",
     "INT8_KINDS",
     "HALVES",
     "INT8_PATHS",
@@ -94,6 +95,8 @@ to float32 and sums in float32 (the model unchanged); ``"int8"`` multiplies the 
 by 8-bit codes of the activations in integer instructions (``kernels/cpu/int8.c``): a different
 model, the one llama.cpp computes (docs/runtime.rst, "Integer arithmetic")."""
 INT8_KINDS: dict[str, int] = {"q4_1": 3, "q8_0": 4}
+INT8_HALF_KINDS: dict[str, int] = {"q4_1": 12, "q8_0": 13}
+"""The same with the panels' scales as halves (where every scale of a matrix is one)."""
 BLOCK_FORMATS: tuple[Format, ...] = ("q4_1", "q4_0", "q8_0")
 """The GGUF block formats a projection is recovered as from its float32 weights
 (:func:`recover_blocks`), in the order tried."""
@@ -103,6 +106,7 @@ HEAD_FORMATS: tuple[Format, ...] = ("q8_0", "q4_1", "q4_0")
 INT8_PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
 """The integer kernel's instruction paths, by the C code's number (``vs_int8_paths``)."""
 _PANEL = 8  # output rows per panel of the integer kernel
+_HEADS = {"q4_1": 8, "q8_0": 4}  # bytes of a row's float32 scale (and minimum) in a block
 _BLOCK = 32  # weights per block, both formats
 _BLOCK_BYTES = {
     "q4_1": 24, "q8_0": 36, "q8_2": 48, "q5_1": 28, "q8_16": 40, "bf16": 64, "q4_0": 20,
@@ -157,6 +161,11 @@ def _build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
             raise RuntimeError(f"the built kernel's {name} block is not {size} bytes")
         if name in INT8_KINDS and lib.vs_panel_bytes(INT8_KINDS[name]) != _PANEL * size:
             raise RuntimeError(f"the built kernel's {name} panel is not {_PANEL * size} bytes")
+    # 0 where built without F16C: then the panels keep float32 scales
+    _STATE["half panels"] = all(
+        lib.vs_panel_bytes(kind) == _PANEL * (_BLOCK_BYTES[name] - _HEADS[name] // 2)
+        for name, kind in INT8_HALF_KINDS.items()
+    )
     return lib
 
 
@@ -425,7 +434,9 @@ def holds_blocks(model: nn.Module, gguf_file: Path | None = None) -> bool:
 # -- integer arithmetic ------------------------------------------------------------------
 
 
-def to_panels(blocks: torch.Tensor, fmt: Format, out_features: int) -> torch.Tensor:
+def to_panels(
+    blocks: torch.Tensor, fmt: Format, out_features: int, half: bool = False
+) -> torch.Tensor | None:
     """Packed blocks (:func:`recover_blocks`' layout) regrouped as the integer kernel reads
     them (``kernels/cpu/int8.c``): panels of eight output rows (zero rows past ``out_features``);
     per block, the eight rows' scales (and minimums, Q4_1), then their codes interleaved
@@ -434,9 +445,11 @@ def to_panels(blocks: torch.Tensor, fmt: Format, out_features: int) -> torch.Ten
     Args:
         blocks: uint8, Shape: (N, K / 32 * block bytes).
         fmt: ``"q4_1"`` or ``"q8_0"``.
+        half: the scales (and minimums) as IEEE halves, 2 bytes each instead of 4.
 
     Returns:
-        uint8, Shape: (ceil(N / 8), K / 32 * 8 * block bytes).
+        uint8, Shape: (ceil(N / 8), K / 32 * 8 * panel block bytes); ``None`` where ``half``
+        and some scale or minimum is not exactly a half.
     """
     size = _BLOCK_BYTES[fmt]
     if blocks.shape[0] != out_features or blocks.shape[1] % size:
@@ -446,7 +459,7 @@ def to_panels(blocks: torch.Tensor, fmt: Format, out_features: int) -> torch.Ten
     grid[:out_features] = blocks.reshape(out_features, -1, size)
     panels, nb = padded // _PANEL, grid.shape[1]
     grid = grid.reshape(panels, _PANEL, nb, size).transpose(1, 2)  # (P, nb, row j, size)
-    heads = 8 if fmt == "q4_1" else 4  # float d, m / float d
+    heads = _HEADS[fmt]  # float d, m / float d
     scales = grid[..., :heads].reshape(panels, nb, _PANEL, heads // 4, 4).transpose(2, 3)
     raw = grid[..., heads:]
     if fmt == "q4_1":  # codes 0..15 (GGUF: byte t holds code t low, code t + 16 high)
@@ -455,14 +468,28 @@ def to_panels(blocks: torch.Tensor, fmt: Format, out_features: int) -> torch.Ten
         packed = codes[..., 0, :] | (codes[..., 1, :] << 4)  # (P, nb, v, j, b)
     else:
         packed = raw.reshape(panels, nb, _PANEL, 8, 4).transpose(2, 3)
-    parts = [scales.reshape(panels, nb, -1), packed.reshape(panels, nb, -1)]
+    scales = scales.reshape(panels, nb, -1)
+    if half:
+        wide = scales.contiguous().view(torch.float32)
+        narrow = wide.half()
+        if not narrow.float().view(torch.int32).equal(wide.view(torch.int32)):
+            return None  # the scales are not all halves: keep them float32
+        scales = narrow.view(torch.uint8)
+    parts = [scales, packed.reshape(panels, nb, -1)]
     return torch.cat(parts, dim=-1).reshape(panels, -1).contiguous()
 
 
-def from_panels(panels: torch.Tensor, fmt: Format, out_features: int) -> torch.Tensor:
+def from_panels(
+    panels: torch.Tensor, fmt: Format, out_features: int, half: bool = False
+) -> torch.Tensor:
     """:func:`to_panels` undone: the packed blocks, Shape: (out_features, K / 32 * block bytes)."""
-    size, heads = _BLOCK_BYTES[fmt], (8 if fmt == "q4_1" else 4)
+    size, heads = _BLOCK_BYTES[fmt], _HEADS[fmt]
     count = panels.shape[0]
+    if half:  # the scales widened back to float32 (exactly)
+        grid = panels.reshape(count, -1, _PANEL * (size - heads // 2))
+        wide = grid[..., : _PANEL * heads // 2].contiguous().view(torch.float16).float()
+        grid = torch.cat([wide.view(torch.uint8), grid[..., _PANEL * heads // 2 :]], dim=-1)
+        panels = grid.reshape(count, -1)
     grid = panels.reshape(count, -1, _PANEL * size)
     nb = grid.shape[1]
     scales = grid[..., : _PANEL * heads].reshape(count, nb, heads // 4, _PANEL, 4).transpose(2, 3)
@@ -576,6 +603,9 @@ class BlockLinear(nn.Module):
             (:data:`ARITHMETICS`; Q4_1 and Q8_0 only).
         blocks: the weight as the kernel reads it (uint8 blocks, their panels for ``int8``,
             or the float32 matrix).
+        half_scales: ``int8`` panels whose scales (and minimums) are held as halves, where
+            every one of the matrix is exactly a half (GGUF's Q4_0, Q4_1, Q5_0 and Q8_0
+            scales are): 20 and 34 bytes for 32 weights of a row instead of 24 and 36.
         bias: float32 or ``None``.
         weight_dtype: ``torch.float32``: the dtype inputs must have.
         min_rows: 1: a row's result is the same from one row up
@@ -597,8 +627,14 @@ class BlockLinear(nn.Module):
         self.fmt, self.arithmetic = fmt, arithmetic
         self.kind = INT8_KINDS[fmt] if arithmetic == "int8" else FORMATS[fmt]
         self.in_features, self.out_features = in_features, out_features
+        self.half_scales = False  # integer panels whose scales are halves (2 bytes each)
         if arithmetic == "int8":
-            blocks = to_panels(blocks, fmt, out_features)
+            library()  # knows whether the build reads half scales
+            narrow = to_panels(blocks, fmt, out_features, half=True)
+            if narrow is not None and _STATE.get("half panels"):
+                blocks, self.kind, self.half_scales = narrow, INT8_HALF_KINDS[fmt], True
+            else:
+                blocks = cast(torch.Tensor, to_panels(blocks, fmt, out_features))
         self.blocks: torch.Tensor
         self.register_buffer("blocks", blocks.contiguous())
         self.bias = None if bias is None else bias.detach().float().contiguous()
@@ -695,7 +731,9 @@ class BlockLinear(nn.Module):
             raise RuntimeError(f"the block kernel is unavailable: {_STATE['why']}")
         blocks = self.blocks
         if self.arithmetic == "int8":  # the panels regrouped back into rows of blocks
-            blocks = from_panels(blocks, cast(Format, self.fmt), self.out_features)
+            blocks = from_panels(
+                blocks, cast(Format, self.fmt), self.out_features, self.half_scales
+            )
         out = torch.empty(self.out_features, self.in_features)
         lib.vs_dequantize(
             FORMATS[self.fmt], blocks.data_ptr(), self.out_features, self.in_features,
