@@ -23,6 +23,9 @@ scales, as the runtime holds them) in the same
 passes, alternating, and prints both totals and their ratio::
 
     taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,4,16 --arithmetic both
+
+``--arithmetic int8 --scales both`` times the integer panels with float32 scales and with
+half scales (the runtime's, where every scale is a half) in the same passes, alternating.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from verispec.models.accelerators import blocks as cpu_linear
 from verispec.models.accelerators.blocks import (
     FORMATS,
     INT8_HALF_KINDS,
+    INT8_KINDS,
     library,
     quantize_blocks,
     recover_blocks,
@@ -61,9 +65,10 @@ def _blocks(rows: int, cols: int, fmt: str, seed: int) -> torch.Tensor:
     return blocks
 
 
-def _panels(blocks: torch.Tensor, fmt: str, rows: int) -> torch.Tensor:
-    """The integer kernel's panels of ``blocks`` with half scales, as the runtime holds them."""
-    panels = to_panels(blocks, fmt, rows, half=True)  # type: ignore[arg-type]
+def _panels(blocks: torch.Tensor, fmt: str, rows: int, half: bool = True) -> torch.Tensor:
+    """The integer kernel's panels of ``blocks``, with half scales as the runtime holds them
+    (or float32 scales)."""
+    panels = to_panels(blocks, fmt, rows, half=half)  # type: ignore[arg-type]
     assert panels is not None
     return panels
 
@@ -120,6 +125,12 @@ def main() -> None:
         default="exact",
         help="float32 products (exact, default), integer products (int8), or both, alternating",
     )
+    parser.add_argument(
+        "--scales",
+        choices=("half", "both"),
+        default="half",
+        help="int8: the panels' scales as halves (the runtime's), or float32 and half alternating",
+    )
     args = parser.parse_args()
     lib = library()
     if lib is None:
@@ -141,10 +152,25 @@ def main() -> None:
             for layer in layers
         ]
         head_panels = _panels(head, "q8_0", HEAD_SHAPE[0])
+        if args.arithmetic == "int8" and args.scales == "both":
+            wide = [
+                {n: _panels(b, "q4_1", LAYER_SHAPES[n][0], False) for n, b in layer.items()}
+                for layer in layers
+            ]
+            runs = {
+                "float32 scales": (wide, _panels(head, "q8_0", HEAD_SHAPE[0], False), INT8_KINDS),
+                "half scales": (panels, head_panels, INT8_HALF_KINDS),
+            }
+            _alternate(lib, args, runs, rows)
+            return
         if args.arithmetic == "int8":
             layers, head = panels, head_panels
         else:
-            _both(lib, args, (layers, head), (panels, head_panels), rows)
+            runs = {
+                "exact": (layers, head, FORMATS),
+                "int8": (panels, head_panels, INT8_HALF_KINDS),
+            }
+            _alternate(lib, args, runs, rows)
             return
     kinds = INT8_HALF_KINDS if args.arithmetic == "int8" else FORMATS
     if args.against:
@@ -187,23 +213,22 @@ def _compare(lib, old, args, layers, head, rows: list[int], kinds) -> None:  # t
         print(f"| {m} | {before:.2f} | {after:.2f} | {after / before:.2f} |")
 
 
-def _both(lib, args, exact, integer, rows: list[int]) -> None:  # type: ignore[no-untyped-def]
-    """Both arithmetics' totals by row count, alternating pass by pass, and their ratio."""
-    print("\n| rows | exact (ms) | int8 (ms) | int8 / exact | int8 T(M) / T(1) |")
+def _alternate(lib, args, runs, rows: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Two runs' totals by row count (``runs``: name -> (layers, head, kinds)), alternating
+    pass by pass, the second over the first, and the second's T(M) / T(first row count)."""
+    a_name, b_name = runs
+    print(f"\n| rows | {a_name} (ms) | {b_name} (ms) | ratio | {b_name} T(M) / T(first) |")
     print("|---|---|---|---|---|")
     first = None
     for m in rows:
         x = torch.randn(m, 1536)
         y = torch.empty(m, HEAD_SHAPE[0])
-        totals: dict[str, list[float]] = {"exact": [], "int8": []}
+        totals: dict[str, list[float]] = {a_name: [], b_name: []}
         for _ in range(args.repeats + 1):
-            for name, (layers, head), kinds in (
-                ("exact", exact, FORMATS),
-                ("int8", integer, INT8_HALF_KINDS),
-            ):
+            for name, (layers, head, kinds) in runs.items():
                 spent = _forward(lib, layers, head, x, y, m, args.threads, kinds)
                 totals[name].append(sum(spent.values()))
-        a, b = (statistics.median(totals[n][1:]) * 1e3 for n in ("exact", "int8"))
+        a, b = (statistics.median(totals[n][1:]) * 1e3 for n in (a_name, b_name))
         first = b if first is None else first
         print(f"| {m} | {a:.2f} | {b:.2f} | {b / a:.2f} | {b / first:.2f} |")
 
