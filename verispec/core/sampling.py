@@ -80,12 +80,11 @@ def _top_p_drop(scores: torch.Tensor, top_p: float) -> torch.Tensor:
 
     A token is dropped when the mass of the tokens ranked before it (ties in index order;
     masses summed in float64) already reaches ``top_p``. Instead of sorting all V
-    probabilities (0.4-1.5 ms a row at V = 49,152 on a small CPU), each row sorts only a
-    top set of them that holds the mass (:func:`_top_p_candidates`): every other token ranks
-    after all of the set, so they are all dropped exactly when the set's mass reaches
-    ``top_p`` (checked on the cumulative sum; a row where it does not is sorted whole). Same
-    result as a full sort (:func:`_top_p_drop_sorted`, which a GPU runs instead: no host
-    sync there).
+    probabilities (slow at V = 49,152 on a small CPU), each row sorts only a top set of them
+    that holds the mass (:func:`_top_p_candidates`): every other token ranks after all of
+    the set, so they are all dropped exactly when the set's mass reaches ``top_p`` (checked
+    on the cumulative sum; a row where it does not is sorted whole). Same result as a full
+    sort (:func:`_top_p_drop_sorted`, which a GPU runs instead: no host sync there).
     """
     probs = scores.softmax(-1)
     if probs.device.type != "cpu":
@@ -173,7 +172,7 @@ class SamplingParams:
             scores = scores / self.temperature
         if self.top_k and self.top_k < scores.shape[-1]:
             kth = torch.topk(scores, self.top_k, dim=-1).values[..., -1:]
-            scores = torch.where(scores < kth, -math.inf, scores)  # masked_fill's values, 2x faster
+            scores = torch.where(scores < kth, -math.inf, scores)  # masked_fill's values, faster
         if self.top_p < 1.0:
             scores = torch.where(_top_p_drop(scores, self.top_p), -math.inf, scores)
         probs = scores.softmax(-1)

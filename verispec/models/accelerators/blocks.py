@@ -630,8 +630,9 @@ class BlockLinear(nn.Module):
         self.half_scales = False  # integer panels whose scales are halves (2 bytes each)
         if arithmetic == "int8":
             library()  # knows whether the build reads half scales
-            narrow = to_panels(blocks, fmt, out_features, half=True)
-            if narrow is not None and _STATE.get("half panels"):
+            half = _STATE.get("half panels")
+            narrow = to_panels(blocks, fmt, out_features, half=True) if half else None
+            if narrow is not None:
                 blocks, self.kind, self.half_scales = narrow, INT8_HALF_KINDS[fmt], True
             else:
                 blocks = cast(torch.Tensor, to_panels(blocks, fmt, out_features))
