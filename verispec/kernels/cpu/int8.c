@@ -372,21 +372,28 @@ static inline __m256i broadcast4(const int8_t *a) {
 
 /* AVX2: vpmaddubsw (pairs of u8 x s8 into int16), summed in int16 for Q4_1 (eight steps of
  * at most 2 * 15 * 127 stay below 2^15), then vpmaddwd into int32; Q8_0's int16 pairs
- * (up to 2 * 127 * 127) go to int32 at once. */
+ * (up to 2 * 127 * 127) go to int32 at once.
+ * The empty asm statements hold each running sum in a register, added in this order: left
+ * free, GCC reassociates the integer sums into trees and keeps every product live, spilling
+ * them to the stack, which cost 4-17 % of a product here (the sums, so the bits, are the
+ * same either way). */
+static inline __m256i step_avx2(__m256i s, __m256i w, __m256i a) {
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w, a)); /* at most 8 * 2 * 15 * 127 */
+    __asm__("" : "+x"(s));
+    return s;
+}
+static inline __m256i finish_avx2(__m256i s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
 static inline __m256i q4_avx2(const __m256i w[8], const int8_t *a) {
-    __m256i p[8];
-    for (int v = 0; v < 8; v++) p[v] = _mm256_maddubs_epi16(w[v], broadcast4(a + 4 * v));
-    const __m256i s = _mm256_add_epi16(
-        _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
-        _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
-    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+    __m256i s = _mm256_setzero_si256();
+    for (int v = 0; v < 8; v++) s = step_avx2(s, w[v], broadcast4(a + 4 * v));
+    return finish_avx2(s);
 }
 static inline __m256i q8_avx2(const __m256i c[16], const int8_t *a) {
     __m256i s = _mm256_setzero_si256();
     for (int v = 0; v < 8; v++) {
         const __m256i p = _mm256_maddubs_epi16(c[v], _mm256_sign_epi8(broadcast4(a + 4 * v), c[8 + v]));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-        __asm__("" : "+x"(s)); /* the sum stays in a register: see step_avx2 */
+        __asm__("" : "+x"(s));
     }
     return s;
 }
@@ -394,15 +401,6 @@ ONE_PANEL panel_q4_avx2(PANEL_ARGS) { PANEL_BODY(q4_avx2, 3) }
 static void panels_q4_avx2(PANELS_ARGS) { PANELS(panel_q4_avx2); }
 ONE_PANEL panel_q4h_avx2(PANEL_ARGS) { PANEL_BODY(q4_avx2, 12) }
 static void panels_q4h_avx2(PANELS_ARGS) { PANELS(panel_q4h_avx2); }
-/* The empty asm holds each running sum in a register, in this order: left free, GCC
- * reassociates the integer sums into trees and spills every product to the stack, which
- * cost 7-11 % of a many-row product here (the sums, so the bits, are the same either way). */
-static inline __m256i step_avx2(__m256i s, __m256i w, __m256i a) {
-    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w, a)); /* at most 8 * 2 * 15 * 127 */
-    __asm__("" : "+x"(s)); /* see above */
-    return s;
-}
-static inline __m256i finish_avx2(__m256i s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
 static void pair_q4_avx2(PAIR_ARGS) { PAIR_BODY(step_avx2, finish_avx2, 3) }
 static void pair_q4h_avx2(PAIR_ARGS) { PAIR_BODY(step_avx2, finish_avx2, 12) }
 ONE_PANEL panel_q8_avx2(PANEL_ARGS) { PANEL_BODY(q8_avx2, 4) }
