@@ -180,22 +180,23 @@ def test_the_product_is_the_sum_of_integer_block_sums(fmt: str, bias: bool) -> N
 def test_every_path_row_count_order_and_thread_count_gives_the_same_bits(
     fmt: str, threads: int, each_path: tuple[str, ...]
 ) -> None:
-    """One to 64 rows, alone, together, in another order, on one or two threads and on every
-    instruction path this CPU runs (portable C, AVX2, and the VNNI paths where present):
-    every row's result has the bits of that row computed alone on the portable path."""
+    """One to 150 rows (past AVX2's tiles of 64), alone, together, in another order, on one or
+    two threads and on every instruction path this CPU runs (portable C, AVX2, and the VNNI
+    paths where present): every row's result has the bits of that row computed alone on the
+    portable path."""
     linear = _linear(44, 192, fmt, seed=9, bias=True)  # 44: a last panel of four rows
     block = _int8(linear, fmt)
-    x = torch.randn(64, 192, generator=torch.Generator().manual_seed(10))
+    x = torch.randn(150, 192, generator=torch.Generator().manual_seed(10))
     int8_path("portable")
-    alone = torch.cat([block.eager(x[i : i + 1]) for i in range(64)])
+    alone = torch.cat([block.eager(x[i : i + 1]) for i in range(150)])
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         for path in each_path:
             int8_path(path)
-            for count in (1, 2, 3, 5, 16, 17, 64):
+            for count in (1, 2, 3, 4, 5, 8, 16, 17, 64, 65, 150):
                 assert torch.equal(block.eager(x[:count]), alone[:count]), (path, count)
-            order = torch.randperm(64, generator=torch.Generator().manual_seed(11))
+            order = torch.randperm(150, generator=torch.Generator().manual_seed(11))
             assert torch.equal(block.eager(x[order]), alone[order]), path
     finally:
         torch.set_num_threads(before)

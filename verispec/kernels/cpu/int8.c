@@ -42,7 +42,8 @@
 
 #define PANEL 8 /* output rows per panel */
 #define ROW_TILE 32 /* rows of x that share a panel's unpacked block */
-#define DIRECT_ROWS 4 /* up to this many rows, each block is unpacked in registers and used */
+#define DIRECT_ROWS 4 /* VNNI: up to this many rows, each block is unpacked in registers */
+#define TILE_ROWS 64  /* AVX2: rows in tiles of this many, each block unpacked in registers */
 #define AHEAD_BYTES 4096 /* each block asks for the panel's bytes this far ahead (prefetch) */
 
 typedef struct { float d[PANEL], m[PANEL]; uint8_t q[4][32]; } panel_q4_1;
@@ -222,15 +223,15 @@ static inline __m256i broadcast4(const int8_t *a) {
     } while (0)
 
 /* One panel against rows [r0, r1) of x, for format KIND, with the block sum SUM(w, a).
- * Up to DIRECT_ROWS rows (a decoding step, a small tree) unpack each block in registers
- * and use it at once; more rows unpack the panel once into `codes` (16 vectors a block). */
-#define PANEL_BODY(SUM, KIND)                                                                \
+ * Up to LIMIT rows unpack each block in registers and use it at once for every row; more
+ * rows unpack the panel once into `codes` (16 vectors a block). */
+#define PANEL_BODY(SUM, KIND, LIMIT)                                                         \
     const int64_t bytes = vs_panel_bytes(KIND);                                              \
     const __m256i low4 = _mm256_set1_epi8(15);                                               \
-    const int direct = r1 - r0 <= DIRECT_ROWS;                                               \
+    const int direct = r1 - r0 <= (LIMIT);                                                   \
     __m256i own[16];                                                                         \
-    __m256 acc1[DIRECT_ROWS], mac1[DIRECT_ROWS];                                             \
-    for (int k = 0; k < DIRECT_ROWS; k++) acc1[k] = mac1[k] = _mm256_setzero_ps();           \
+    __m256 acc1[LIMIT], mac1[LIMIT];                                                         \
+    for (int k = 0; k < (LIMIT) && k < r1 - r0; k++) acc1[k] = mac1[k] = _mm256_setzero_ps(); \
     for (int64_t i = 0; i < blocks; i++) {                                                   \
         __m256i *c = direct ? own : codes + 16 * i;                                          \
         prefetch_ahead(panel + i * bytes, AHEAD_BYTES, bytes);                               \
@@ -290,6 +291,13 @@ static inline __m256i broadcast4(const int8_t *a) {
     for (int64_t p = p0; p < p1; p++)                                                        \
         ONE(kind, weight + p * panel_bytes, blocks, xq, xd, xs, K, 0, M, y, N, p * PANEL, N, \
             bias, codes)
+/* The same in tiles of TILE_ROWS rows, each panel's tiles one after the other (the panel's
+ * blocks stay in cache from the first tile on). */
+#define PANELS_IN_TILES(ONE)                                                                 \
+    for (int64_t p = p0; p < p1; p++)                                                        \
+        for (int64_t t = 0; t < M; t += TILE_ROWS)                                           \
+            ONE(kind, weight + p * panel_bytes, blocks, xq, xd, xs, K, t,                    \
+                t + TILE_ROWS < M ? t + TILE_ROWS : M, y, N, p * PANEL, N, bias, codes)
 
 /* Two Q4_1 panels (16 output rows) against rows [r0, r1), R rows at a time: each loaded
  * code vector serves R rows and each broadcast activation two panels, so a step loads
@@ -397,16 +405,23 @@ static inline __m256i q8_avx2(const __m256i c[16], const int8_t *a) {
     }
     return s;
 }
-ONE_PANEL panel_q4_avx2(PANEL_ARGS) { PANEL_BODY(q4_avx2, 3) }
-static void panels_q4_avx2(PANELS_ARGS) { PANELS(panel_q4_avx2); }
-ONE_PANEL panel_q4h_avx2(PANEL_ARGS) { PANEL_BODY(q4_avx2, 12) }
-static void panels_q4h_avx2(PANELS_ARGS) { PANELS(panel_q4h_avx2); }
-static void pair_q4_avx2(PAIR_ARGS) { PAIR_BODY(step_avx2, finish_avx2, 3) }
-static void pair_q4h_avx2(PAIR_ARGS) { PAIR_BODY(step_avx2, finish_avx2, 12) }
-ONE_PANEL panel_q8_avx2(PANEL_ARGS) { PANEL_BODY(q8_avx2, 4) }
-static void panels_q8_avx2(PANELS_ARGS) { PANELS(panel_q8_avx2); }
-ONE_PANEL panel_q8h_avx2(PANEL_ARGS) { PANEL_BODY(q8_avx2, 13) }
-static void panels_q8h_avx2(PANELS_ARGS) { PANELS(panel_q8h_avx2); }
+/* AVX2 unpacks every block in registers for all the rows: up to DIRECT_ROWS at once (their
+ * sums and the codes fit the registers), else in tiles of TILE_ROWS. With the sums held in
+ * registers, that beat unpacking a panel into memory and sharing each broadcast between two
+ * panels from 5 to 300 rows (0.76-0.94x the time). */
+#define AVX2_PANELS(name, sums, KIND)                                                        \
+    ONE_PANEL panel_##name##_avx2(PANEL_ARGS) { PANEL_BODY(sums##_avx2, KIND, DIRECT_ROWS) } \
+    ONE_PANEL tile_##name##_avx2(PANEL_ARGS) { PANEL_BODY(sums##_avx2, KIND, TILE_ROWS) }    \
+    static void panels_##name##_avx2(PANELS_ARGS) {                                          \
+        if (M <= DIRECT_ROWS)                                                                \
+            PANELS(panel_##name##_avx2);                                                     \
+        else                                                                                 \
+            PANELS_IN_TILES(tile_##name##_avx2);                                             \
+    }
+AVX2_PANELS(q4, q4, 3)
+AVX2_PANELS(q4h, q4, 12)
+AVX2_PANELS(q8, q8, 4)
+AVX2_PANELS(q8h, q8, 13)
 static void panels_c(PANELS_ARGS) { PANELS(panel_c); }
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
@@ -414,7 +429,7 @@ static void panels_c(PANELS_ARGS) { PANELS(panel_c); }
 /* One panel and a thread's share of panels of format KIND (name), with the sums of `sums`. */
 #define VNNI_PANELS(suffix, isa, name, sums, KIND)                                           \
     __attribute__((target(isa))) ONE_PANEL panel_##name##_##suffix(PANEL_ARGS) {             \
-        PANEL_BODY(sums##_##suffix, KIND)                                                    \
+        PANEL_BODY(sums##_##suffix, KIND, DIRECT_ROWS)                                       \
     }                                                                                        \
     __attribute__((target(isa))) static void panels_##name##_##suffix(PANELS_ARGS) {         \
         PANELS(panel_##name##_##suffix);                                                     \
@@ -495,17 +510,16 @@ int vs_int8_use_path(int p) {
 
 typedef void (*pair_fn)(PAIR_ARGS);
 
-/* The two-panel Q4_1 product of a vector path (NULL for the portable one). */
+/* The two-panel Q4_1 product of a VNNI path (NULL for the others: AVX2 keeps every row's
+ * product in registers, the portable path goes lane by lane). */
 static pair_fn pair_for(int path, int kind) {
-    const int half = IS_HALF(kind);
-    switch (path) {
-    case PATH_C: return NULL;
 #ifdef VS_HAVE_VNNI
-    case PATH_AVXVNNI: return half ? pair_q4h_avxvnni : pair_q4_avxvnni;
-    case PATH_AVX512VNNI: return half ? pair_q4h_avx512vnni : pair_q4_avx512vnni;
+    const int half = IS_HALF(kind);
+    if (path == PATH_AVXVNNI) return half ? pair_q4h_avxvnni : pair_q4_avxvnni;
+    if (path == PATH_AVX512VNNI) return half ? pair_q4h_avx512vnni : pair_q4_avx512vnni;
 #endif
-    default: return half ? pair_q4h_avx2 : pair_q4_avx2;
-    }
+    (void)path, (void)kind;
+    return NULL;
 }
 
 /* The C code's product of a thread's share of panels, by path and format. */
@@ -546,22 +560,24 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
     if (posix_memalign((void **)&xq, 64, (size_t)(M * K + 8 * M * blocks)) != 0) return -1;
     float *xd = (float *)(xq + M * K), *xs = xd + M * blocks; /* M K is a multiple of 32 */
     vs_quantize_rows(x, M, K, xq, xd, xs);
-    const panels_fn fn = panels_for(vs_int8_path(), kind);
+    const int path = vs_int8_path();
+    const panels_fn fn = panels_for(path, kind);
     const int64_t panel_bytes = blocks * vs_panel_bytes(kind);
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
-        /* a panel's codes, unpacked (16 vectors a block): only where more than DIRECT_ROWS
-         * rows run (fewer unpack in registers) */
+        /* a panel's codes, unpacked (16 vectors a block): only on a VNNI path where more
+         * than DIRECT_ROWS rows run (fewer, and AVX2's row tiles, unpack in registers) */
         __m256i *codes = NULL;
-        const int buffered = M > DIRECT_ROWS;
+        const int buffered = (path == PATH_AVXVNNI || path == PATH_AVX512VNNI) && M > DIRECT_ROWS;
         if (buffered && posix_memalign((void **)&codes, 64, (size_t)blocks * 16 * 32) != 0) {
 #pragma omp atomic write
             failed = 1;
             codes = NULL;
         }
-        /* Q4_1 from DIRECT_ROWS + 1 rows on: panels two at a time (a last odd one alone) */
-        const pair_fn pair = IS_Q4(kind) && M > DIRECT_ROWS ? pair_for(vs_int8_path(), kind) : NULL;
+        /* VNNI, Q4_1 from DIRECT_ROWS + 1 rows on: panels two at a time (a last odd one
+         * alone) */
+        const pair_fn pair = IS_Q4(kind) && buffered ? pair_for(path, kind) : NULL;
         const uint8_t *w = (const uint8_t *)weight;
         if (pair == NULL) { /* a contiguous share of the panels for each thread */
             int64_t p0, p1;
