@@ -185,16 +185,17 @@ def main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         try:
-            run = run_bench(
-                context,
-                specs,
-                questions,
-                config,
-                progress=not args.no_progress,
-                runners=runners,
-                on_record=log.append if log is not None else None,
-                finished=log.finished if log is not None else None,
-            )
+            with target.frozen_heap():
+                run = run_bench(
+                    context,
+                    specs,
+                    questions,
+                    config,
+                    progress=not args.no_progress,
+                    runners=runners,
+                    on_record=log.append if log is not None else None,
+                    finished=log.finished if log is not None else None,
+                )
         except KeyboardInterrupt:
             if log is not None and log.total:
                 print(

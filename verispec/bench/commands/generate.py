@@ -80,7 +80,8 @@ def main(args: argparse.Namespace) -> int:
     with kernels:
         runner = build_runners(context, specs)[specs[0].label]
         generation = attrs.evolve(config.generation(context.eos_token_ids), **settings)
-        result = runner.run(ids, generation)
+        with target.frozen_heap():
+            result = runner.run(ids, generation)
 
     # 3. print, and write the figures
     print(result.text)
