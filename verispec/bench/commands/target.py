@@ -315,9 +315,10 @@ def gguf_of(args: argparse.Namespace) -> str | None:
 def frozen_heap() -> Iterator[None]:
     """While a command decodes: every object alive on entry (the models, drafters, peers,
     tokenizer) out of the cyclic garbage collector's view (:func:`gc.freeze`), given back on
-    exit (:func:`gc.unfreeze`). Loading leaves about 400,000 such objects (torch's,
-    transformers', the tokenizer's), and every full collection walked them all: about 3 % of
-    a decoding step with the embedded model. What decoding allocates is collected as before.
+    exit (:func:`gc.unfreeze`). Loading leaves hundreds of thousands of objects that live as
+    long as the command (torch's, transformers', the tokenizer's), and every full collection
+    would walk them all in the middle of some method's step (docs/benchmarks.rst, "How it
+    measures", has the cost). What decoding allocates is collected as before.
     A process that already holds frozen objects manages them itself: nothing is done then."""
     if gc.get_freeze_count():
         yield

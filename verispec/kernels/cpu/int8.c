@@ -383,8 +383,8 @@ static inline __m256i broadcast4(const int8_t *a) {
  * (up to 2 * 127 * 127) go to int32 at once.
  * The empty asm statements hold each running sum in a register, added in this order: left
  * free, GCC reassociates the integer sums into trees and keeps every product live, spilling
- * them to the stack, which cost 4-17 % of a product here (the sums, so the bits, are the
- * same either way). */
+ * them to the stack (the sums, so the bits, are the same either way; docs/runtime.rst,
+ * "Integer arithmetic", has the cost). */
 static inline __m256i step_avx2(__m256i s, __m256i w, __m256i a) {
     s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w, a)); /* at most 8 * 2 * 15 * 127 */
     __asm__("" : "+x"(s));
@@ -407,8 +407,8 @@ static inline __m256i q8_avx2(const __m256i c[16], const int8_t *a) {
 }
 /* AVX2 unpacks every block in registers for all the rows: up to DIRECT_ROWS at once (their
  * sums and the codes fit the registers), else in tiles of TILE_ROWS. With the sums held in
- * registers, that beat unpacking a panel into memory and sharing each broadcast between two
- * panels from 5 to 300 rows (0.76-0.94x the time). */
+ * registers, that was faster than unpacking a panel into memory and sharing each broadcast
+ * between two panels at every row count measured (docs/runtime.rst, "Integer arithmetic"). */
 #define AVX2_PANELS(name, sums, KIND)                                                        \
     ONE_PANEL panel_##name##_avx2(PANEL_ARGS) { PANEL_BODY(sums##_avx2, KIND, DIRECT_ROWS) } \
     ONE_PANEL tile_##name##_avx2(PANEL_ARGS) { PANEL_BODY(sums##_avx2, KIND, TILE_ROWS) }    \
