@@ -42,7 +42,8 @@
 
 #define PANEL 8 /* output rows per panel */
 #define ROW_TILE 32 /* rows of x that share a panel's unpacked block */
-#define DIRECT_ROWS 4 /* VNNI: up to this many rows, each block is unpacked in registers */
+#define DIRECT_ROWS 4 /* up to this many rows, each block is unpacked in registers */
+#define WIDE_DIRECT_ROWS 8 /* the same with AVX-512's 32 vector registers (AVX512-VNNI) */
 #define TILE_ROWS 64  /* AVX2: rows in tiles of this many, each block unpacked in registers */
 #define AHEAD_BYTES 4096 /* each block asks for the panel's bytes this far ahead (prefetch) */
 
@@ -424,35 +425,97 @@ AVX2_PANELS(q8, q8, 4)
 AVX2_PANELS(q8h, q8, 13)
 static void panels_c(PANELS_ARGS) { PANELS(panel_c); }
 
+/* VNNI, Q8_0: vpdpbusd multiplies unsigned by signed bytes, so the activation codes come
+ * offset (u = a + 128, vs_linear_int8 flips their top bits) and the weight codes as they
+ * are: sum u w - 128 sum w = sum a w, exactly. Each block's sums start from -128 sum w (its
+ * eight rows' code sums, `fix`), formed by the first rows that reach the block and kept in
+ * `codes` (one vector a block) for the others (without `codes`, for the direct rows, each
+ * group forms its own). No sign instruction, which shares the multipliers' ports.
+ * Rows [r, r + R), each block's sums in two chains (even and odd vectors) to hide
+ * vpdpbusd's latency, the float accumulators in registers; `first`: the panel's first
+ * rows. */
+#define Q8_ROWS(DPBUSD, KIND, R)                                                             \
+    do {                                                                                     \
+        __m256 acc[R];                                                                       \
+        for (int k = 0; k < R; k++) acc[k] = _mm256_setzero_ps();                            \
+        for (int64_t i = 0; i < blocks; i++) {                                               \
+            const uint8_t *head = panel + i * bytes;                                         \
+            const __m256i *w = (const __m256i *)(head + HEAD_BYTES(KIND));                   \
+            __m256i fix;                                                                     \
+            if (first || codes == NULL) {                                                    \
+                prefetch_ahead(head, AHEAD_BYTES, bytes);                                    \
+                __m256i t = _mm256_setzero_si256();                                          \
+                for (int v = 0; v < 8; v++) t = DPBUSD(t, ones, _mm256_loadu_si256(w + v)); \
+                fix = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(t, 7));    \
+                if (codes != NULL) _mm256_store_si256(codes + i, fix);                       \
+            } else {                                                                         \
+                fix = _mm256_load_si256(codes + i);                                          \
+            }                                                                                \
+            __m256i sum[R][2];                                                               \
+            for (int k = 0; k < R; k++) sum[k][0] = fix, sum[k][1] = _mm256_setzero_si256(); \
+            for (int v = 0; v < 8; v++) {                                                    \
+                const __m256i wv = _mm256_loadu_si256(w + v);                                \
+                for (int k = 0; k < R; k++)                                                  \
+                    sum[k][v & 1] = DPBUSD(sum[k][v & 1],                                    \
+                                           broadcast4(xq + (r + k) * K + 32 * i + 4 * v), wv); \
+            }                                                                                \
+            const __m256 dw = scales8(KIND, head, 0);                                        \
+            for (int k = 0; k < R; k++) {                                                    \
+                const __m256i t = _mm256_add_epi32(sum[k][0], sum[k][1]);                    \
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[(r + k) * blocks + i])); \
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), scale, acc[k]);              \
+            }                                                                                \
+        }                                                                                    \
+        for (int k = 0; k < R; k++) {                                                        \
+            float out[PANEL];                                                                \
+            _mm256_storeu_ps(out, _mm256_add_ps(acc[k], _mm256_loadu_ps(b)));                \
+            memcpy(y + (r + k) * ldy + n0, out, (size_t)n * 4);                              \
+        }                                                                                    \
+        r += R, first = 0;                                                                   \
+    } while (0)
+
+/* One Q8_0 panel against rows [r0, r1) by Q8_ROWS, four rows at a time (eight sums and
+ * four accumulators: more rows spilled to the stack with AVX-512's 32 registers), then 2
+ * and 1. */
+#define Q8_BODY(DPBUSD, KIND)                                                                \
+    const int64_t bytes = vs_panel_bytes(KIND);                                              \
+    const __m256i ones = _mm256_set1_epi8(1);                                                \
+    float b[PANEL] = {0};                                                                    \
+    const int64_t n = n0 + PANEL <= N ? PANEL : N - n0;                                      \
+    if (bias != NULL) memcpy(b, bias + n0, (size_t)n * 4);                                   \
+    (void)xs;                                                                                \
+    int first = 1;                                                                           \
+    int64_t r = r0;                                                                          \
+    while (r + 4 <= r1) Q8_ROWS(DPBUSD, KIND, 4);                                            \
+    if (r + 2 <= r1) Q8_ROWS(DPBUSD, KIND, 2);                                               \
+    if (r < r1) Q8_ROWS(DPBUSD, KIND, 1);
+
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 #define VS_HAVE_VNNI 1
-/* One panel and a thread's share of panels of format KIND (name), with the sums of `sums`. */
-#define VNNI_PANELS(suffix, isa, name, sums, KIND)                                           \
-    __attribute__((target(isa))) ONE_PANEL panel_##name##_##suffix(PANEL_ARGS) {             \
-        PANEL_BODY(sums##_##suffix, KIND, DIRECT_ROWS)                                       \
-    }                                                                                        \
+/* One panel by BODY (format `name`), and a thread's share of panels. Up to DIRECT rows run
+ * in a copy of their own: knowing that, GCC keeps their codes and sums in registers
+ * (without it, one to four rows took 1.4-1.5x the time of AVX2's, docs/runtime.rst). */
+#define VNNI_PANELS(suffix, isa, name, DIRECT, BODY)                                         \
+    __attribute__((target(isa))) ONE_PANEL panel_##name##_##suffix(PANEL_ARGS) { BODY }      \
     __attribute__((target(isa))) static void panels_##name##_##suffix(PANELS_ARGS) {         \
-        PANELS(panel_##name##_##suffix);                                                     \
+        if (M <= (DIRECT))                                                                   \
+            PANELS(panel_##name##_##suffix);                                                 \
+        else                                                                                 \
+            PANELS(panel_##name##_##suffix);                                                 \
     }
-/* VNNI: vpdpbusd sums four u8 x s8 products into each int32 lane. */
-#define VNNI_SUMS(suffix, isa, dpbusd)                                                    \
+/* VNNI: vpdpbusd sums four u8 x s8 products into each int32 lane; up to `rows` rows unpack
+ * each block in registers. */
+#define VNNI_SUMS(suffix, isa, dpbusd, rows)                                                 \
     __attribute__((target(isa))) static inline __m256i q4_##suffix(const __m256i w[8],   \
                                                                       const int8_t *a) {     \
-        __m256i s = _mm256_setzero_si256();                                                  \
-        for (int v = 0; v < 8; v++) s = dpbusd(s, w[v], broadcast4(a + 4 * v));              \
-        return s;                                                                            \
+        __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};                     \
+        for (int v = 0; v < 8; v++) s[v & 1] = dpbusd(s[v & 1], w[v], broadcast4(a + 4 * v)); \
+        return _mm256_add_epi32(s[0], s[1]);                                                 \
     }                                                                                        \
-    __attribute__((target(isa))) static inline __m256i q8_##suffix(const __m256i c[16],  \
-                                                                   const int8_t *a) {        \
-        __m256i s = _mm256_setzero_si256();                                                  \
-        for (int v = 0; v < 8; v++)                                                          \
-            s = dpbusd(s, c[v], _mm256_sign_epi8(broadcast4(a + 4 * v), c[8 + v]));           \
-        return s;                                                                            \
-    }                                                                                        \
-    VNNI_PANELS(suffix, isa, q4, q4, 3)                                                      \
-    VNNI_PANELS(suffix, isa, q4h, q4, 12)                                                    \
-    VNNI_PANELS(suffix, isa, q8, q8, 4)                                                      \
-    VNNI_PANELS(suffix, isa, q8h, q8, 13)                                                    \
+    VNNI_PANELS(suffix, isa, q4, rows, PANEL_BODY(q4_##suffix, 3, rows))                     \
+    VNNI_PANELS(suffix, isa, q4h, rows, PANEL_BODY(q4_##suffix, 12, rows))                   \
+    VNNI_PANELS(suffix, isa, q8, rows, Q8_BODY(dpbusd, 4))                                   \
+    VNNI_PANELS(suffix, isa, q8h, rows, Q8_BODY(dpbusd, 13))                                 \
     __attribute__((target(isa))) static inline __m256i step_##suffix(__m256i s, __m256i w,   \
                                                                      __m256i a) {            \
         return dpbusd(s, w, a);                                                              \
@@ -466,8 +529,8 @@ static void panels_c(PANELS_ARGS) { PANELS(panel_c); }
     __attribute__((target(isa))) static void pair_q4h_##suffix(PAIR_ARGS) {                  \
         PAIR_BODY(step_##suffix, finish_##suffix, 12)                                        \
     }
-VNNI_SUMS(avxvnni, "avxvnni", _mm256_dpbusd_avx_epi32)
-VNNI_SUMS(avx512vnni, "avx512vnni,avx512vl", _mm256_dpbusd_epi32)
+VNNI_SUMS(avxvnni, "avxvnni", _mm256_dpbusd_avx_epi32, DIRECT_ROWS)
+VNNI_SUMS(avx512vnni, "avx512vnni,avx512vl", _mm256_dpbusd_epi32, WIDE_DIRECT_ROWS)
 #endif
 
 /* -- paths ------------------------------------------------------------------------------ */
@@ -561,21 +624,25 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
     float *xd = (float *)(xq + M * K), *xs = xd + M * blocks; /* M K is a multiple of 32 */
     vs_quantize_rows(x, M, K, xq, xd, xs);
     const int path = vs_int8_path();
+    const int vnni = path == PATH_AVXVNNI || path == PATH_AVX512VNNI;
+    if (vnni && !IS_Q4(kind)) /* Q8_BODY's offset codes a + 128: the top bit flipped */
+        for (int64_t e = 0; e < M * K; e++) xq[e] = (int8_t)((uint8_t)xq[e] ^ 0x80);
     const panels_fn fn = panels_for(path, kind);
     const int64_t panel_bytes = blocks * vs_panel_bytes(kind);
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
         /* a panel's codes, unpacked (16 vectors a block): only on a VNNI path where more
-         * than DIRECT_ROWS rows run (fewer, and AVX2's row tiles, unpack in registers) */
+         * than its direct rows run (fewer, and AVX2's row tiles, unpack in registers) */
         __m256i *codes = NULL;
-        const int buffered = (path == PATH_AVXVNNI || path == PATH_AVX512VNNI) && M > DIRECT_ROWS;
+        const int64_t direct = path == PATH_AVX512VNNI ? WIDE_DIRECT_ROWS : DIRECT_ROWS;
+        const int buffered = vnni && M > direct;
         if (buffered && posix_memalign((void **)&codes, 64, (size_t)blocks * 16 * 32) != 0) {
 #pragma omp atomic write
             failed = 1;
             codes = NULL;
         }
-        /* VNNI, Q4_1 from DIRECT_ROWS + 1 rows on: panels two at a time (a last odd one
+        /* VNNI, Q4_1 past the direct rows: panels two at a time (a last odd one
          * alone) */
         const pair_fn pair = IS_Q4(kind) && buffered ? pair_for(path, kind) : NULL;
         const uint8_t *w = (const uint8_t *)weight;
