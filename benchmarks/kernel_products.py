@@ -24,6 +24,10 @@ passes, alternating, and prints both totals and their ratio::
 
     taskset -c 1 .venv/bin/python benchmarks/kernel_products.py --rows 1,2,4,16 --arithmetic both
 
+``--arithmetic int8 --paths avx2,avx512vnni`` times the integer products on two of the
+kernel's instruction paths (``int8_paths()``: the same bits on each) in the same passes,
+alternating.
+
 ``--arithmetic int8 --scales both`` times the integer panels with float32 scales and with
 half scales (the runtime's, where every scale is a half) in the same passes, alternating.
 """
@@ -131,6 +135,11 @@ def main() -> None:
         default="half",
         help="int8: the panels' scales as halves (the runtime's), or float32 and half alternating",
     )
+    parser.add_argument(
+        "--paths",
+        metavar="A,B",
+        help="int8: two of the kernel's instruction paths (int8_paths()), alternating",
+    )
     args = parser.parse_args()
     lib = library()
     if lib is None:
@@ -162,6 +171,9 @@ def main() -> None:
                 "half scales": (panels, head_panels, INT8_HALF_KINDS),
             }
             _alternate(lib, args, runs, rows)
+            return
+        if args.arithmetic == "int8" and args.paths:
+            _alternate_paths(lib, args, panels, head_panels, rows)
             return
         if args.arithmetic == "int8":
             layers, head = panels, head_panels
@@ -231,6 +243,35 @@ def _alternate(lib, args, runs, rows: list[int]) -> None:  # type: ignore[no-unt
         a, b = (statistics.median(totals[n][1:]) * 1e3 for n in (a_name, b_name))
         first = b if first is None else first
         print(f"| {m} | {a:.2f} | {b:.2f} | {b / a:.2f} | {b / first:.2f} |")
+
+
+def _alternate_paths(lib, args, layers, head, rows: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """The integer products on two instruction paths (``--paths A,B``), alternating pass by
+    pass, as :func:`_alternate` prints them."""
+    names = args.paths.split(",")
+    if len(names) != 2:
+        raise SystemExit(f"--paths must name two paths (A,B); got {args.paths!r}")
+    for name in names:
+        if name not in cpu_linear.int8_paths():
+            raise SystemExit(f"--paths: this CPU runs {cpu_linear.int8_paths()}; got {name!r}")
+    print(f"\n| rows | {names[0]} (ms) | {names[1]} (ms) | ratio | {names[1]} T(M) / T(first) |")
+    print("|---|---|---|---|---|")
+    first = None
+    try:
+        for m in rows:
+            x = torch.randn(m, 1536)
+            y = torch.empty(m, HEAD_SHAPE[0])
+            totals: dict[str, list[float]] = {name: [] for name in names}
+            for _ in range(args.repeats + 1):
+                for name in names:
+                    cpu_linear.int8_path(name)
+                    spent = _forward(lib, layers, head, x, y, m, args.threads, INT8_HALF_KINDS)
+                    totals[name].append(sum(spent.values()))
+            a, b = (statistics.median(totals[n][1:]) * 1e3 for n in names)
+            first = b if first is None else first
+            print(f"| {m} | {a:.2f} | {b:.2f} | {b / a:.2f} | {b / first:.2f} |")
+    finally:
+        cpu_linear.int8_path("auto")
 
 
 if __name__ == "__main__":
