@@ -180,10 +180,11 @@ def test_the_product_is_the_sum_of_integer_block_sums(fmt: str, bias: bool) -> N
 def test_every_path_row_count_order_and_thread_count_gives_the_same_bits(
     fmt: str, threads: int, each_path: tuple[str, ...]
 ) -> None:
-    """One to 150 rows (past AVX2's tiles of 64), alone, together, in another order, on one or
-    two threads and on every instruction path this CPU runs (portable C, AVX2, and the VNNI
-    paths where present): every row's result has the bits of that row computed alone on the
-    portable path."""
+    """One to 150 rows (past AVX2's tiles of 64, each side of every path's direct rows, four or
+    eight, and Q8_0's VNNI groups of four, two and one), alone, together, in another order, on
+    one or two threads and on every instruction path this CPU runs (portable C, AVX2, and the
+    VNNI paths where present): every row's result has the bits of that row computed alone on
+    the portable path."""
     linear = _linear(44, 192, fmt, seed=9, bias=True)  # 44: a last panel of four rows
     block = _int8(linear, fmt)
     x = torch.randn(150, 192, generator=torch.Generator().manual_seed(10))
@@ -194,7 +195,7 @@ def test_every_path_row_count_order_and_thread_count_gives_the_same_bits(
     try:
         for path in each_path:
             int8_path(path)
-            for count in (1, 2, 3, 4, 5, 8, 16, 17, 64, 65, 150):
+            for count in (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 64, 65, 150):
                 assert torch.equal(block.eager(x[:count]), alone[:count]), (path, count)
             order = torch.randperm(150, generator=torch.Generator().manual_seed(11))
             assert torch.equal(block.eager(x[order]), alone[order]), path
