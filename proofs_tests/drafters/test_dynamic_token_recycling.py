@@ -54,7 +54,7 @@ def _fill(drafter: DynamicTokenRecycling, vocab: int, seed: int) -> None:
     k = drafter.k
     ids = torch.stack([torch.randperm(vocab, generator=generator)[:k] for _ in range(vocab)])
     scores = torch.rand(vocab, k, generator=generator).sort(dim=1, descending=True).values
-    drafter._ids[:] = _encode(ids, drafter._ids.dtype)
+    drafter._ids[:] = torch.from_numpy(_encode(ids, drafter._ids.dtype))
     drafter._codes[:] = score_to_code(scores.clamp(min=0.01))
 
 
@@ -214,7 +214,7 @@ def test_state_is_compact() -> None:
     assert DynamicTokenRecycling(vocab_size=49152).state_bytes == 49152 * 8 * 3 == 1_179_648
     assert DynamicTokenRecycling(vocab_size=70000).state_bytes == 70000 * 8 * 5
     ids = torch.tensor([0, 1, 32767, 32768, 49151, 65535])
-    assert _decode(_encode(ids, torch.int16)).tolist() == ids.tolist()
+    assert _decode(torch.from_numpy(_encode(ids, torch.int16))).tolist() == ids.tolist()
     scores = torch.tensor([1.0, 0.5, 0.01, 1e-5, 1e-12])
     back = code_to_score(score_to_code(scores))
     assert torch.allclose(back[:4], scores[:4], rtol=1 / 31)  # steps of 1/16 in log
@@ -226,7 +226,7 @@ def test_calibration_counts_only_nodes_whose_parent_was_accepted() -> None:
     """A try is a node whose parent row was accepted; a hit an accepted node."""
     drafter = DynamicTokenRecycling(8, k=2, fusion=False, decay=1.0, vocab_size=6)
     assert drafter._ids is not None and drafter._codes is not None
-    drafter._ids[:] = _encode(torch.tensor([[1, 2]] * 6), torch.int16)
+    drafter._ids[:] = torch.from_numpy(_encode(torch.tensor([[1, 2]] * 6), torch.int16))
     drafter._codes[:] = score_to_code(torch.tensor([[0.97, 0.01]] * 6))
     tree = drafter.propose(_state([0]))
     # nodes by depth: 1 (0.97), 2 (0.01) at depth 1; below 1: 1, 2 ...
@@ -273,7 +273,7 @@ def test_fusion_adds_context_continuations_and_merges_shared_paths() -> None:
     ]
     both = DynamicTokenRecycling(5, k=2, vocab_size=12, prompt_lookup=PromptLookup(max_ngram=3))
     assert both._ids is not None and both._codes is not None
-    both._ids[8] = _encode(torch.tensor([9, 3]), torch.int16)
+    both._ids[8] = torch.from_numpy(_encode(torch.tensor([9, 3]), torch.int16))
     both._codes[8] = score_to_code(torch.tensor([0.9, 0.05]))
     both.begin(_state(context))
     tree = both.propose(_state(context))
@@ -317,7 +317,7 @@ def test_suffix_fusion_values_a_shared_path_by_agreement() -> None:
     context = [4, 7, 8, 9, 1, 4, 7, 8]  # the context continues (4, 7, 8) with 9 1 4 7 8
     drafter = DynamicTokenRecycling(6, k=2, vocab_size=12, suffix=True)
     assert drafter._ids is not None and drafter._codes is not None
-    drafter._ids[8] = _encode(torch.tensor([9, 3]), torch.int16)
+    drafter._ids[8] = torch.from_numpy(_encode(torch.tensor([9, 3]), torch.int16))
     drafter._codes[8] = score_to_code(torch.tensor([0.9, 0.05]))
     drafter.begin(_state(context))
     tree = drafter.propose(_state(context))

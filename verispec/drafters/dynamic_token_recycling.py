@@ -125,8 +125,11 @@ def code_to_score(code: torch.Tensor) -> torch.Tensor:
     return torch.where(code > 0, score, 0.0)
 
 
-def _encode(ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return (ids - 32768).to(torch.int16) if dtype == torch.int16 else ids.to(dtype)
+def _encode(ids: np.ndarray | torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """Token ids as the matrix (``dtype``) stores them: offset by -32768 in int16, else as
+    they are; in NumPy (a step's few rows: a torch operator costs more than its work)."""
+    ids = np.asarray(ids)
+    return (ids - 32768).astype(np.int16) if dtype == torch.int16 else ids.astype(np.int32)
 
 
 def _decode(ids: torch.Tensor) -> torch.Tensor:
@@ -430,7 +433,7 @@ class DynamicTokenRecycling(DeviceSized):
         scored = [root, *tree.tokens.tolist()]  # the token of each scored row
         keep = last_rows(scored)  # last writer wins: a token scored twice keeps its later row
         rows = [scored[row] for row in keep]
-        ids.numpy()[rows, :k] = _encode(top.cpu()[keep], ids.dtype).numpy()
+        ids.numpy()[rows, :k] = _encode(top.cpu().numpy()[keep], ids.dtype)
         codes.numpy()[rows, :k] = _codes(score.cpu().numpy()[keep])
         if self._last is not None and self._last[0] is tree:
             tried, hit = tried_and_hit_lists(tree, outcome.verdict)
