@@ -36,6 +36,9 @@ enum { KEY_CHUNK = 64, ROW_BLOCK = 3, LANE_CHUNK = 64 };
 #else
 enum { KEY_CHUNK = 64, ROW_BLOCK = 3, LANE_CHUNK = 32 };
 #endif
+/* Up to this many query rows per KV group (a one-token step of SmolLM2: three), the scores
+ * read the keys in address order (score8_keys). */
+enum { KEY_ORDER_ROWS = 4 };
 
 /* Eight scores at once, each hsum8 of its chain bit for bit (the same pairs added in the
  * same order): out = (hsum8(c[0]), ..., hsum8(c[7])). */
@@ -51,7 +54,8 @@ static inline __m256 hsum8x8(const __m256 c[8]) {
     return _mm256_add_ps(_mm256_shuffle_ps(t01, t23, 0x88), _mm256_shuffle_ps(t01, t23, 0xDD));
 }
 
-/* Scores of one query with the 8 keys at k (D apart), one FMA chain each. */
+/* Scores of one query with the 8 keys at k (D apart), one FMA chain each, the chains
+ * interleaved (eight FMAs in flight). */
 static inline __m256 score8(const float *qv, const float *k, int64_t D) {
     __m256 c[8];
     for (int j = 0; j < 8; j++) c[j] = _mm256_setzero_ps();
@@ -60,6 +64,33 @@ static inline __m256 score8(const float *qv, const float *k, int64_t D) {
         for (int j = 0; j < 8; j++) c[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + j * D + d), c[j]);
     }
     return hsum8x8(c);
+}
+
+/* score8 with the chains one after another, so the keys are read in address order: the
+ * same FMAs per chain in the same order, so the same bits. A one-token step is bound by
+ * reading the cached keys, which this order does faster; with more rows the interleaved
+ * chains win (docs/runtime.rst, "The C attention at one row"). */
+static inline __m256 score8_keys(const float *qv, const float *k, int64_t D) {
+    __m256 c[8];
+    for (int j = 0; j < 8; j++) {
+        c[j] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8)
+            c[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), _mm256_loadu_ps(k + j * D + d), c[j]);
+    }
+    return hsum8x8(c);
+}
+
+/* The scores of blocks of 8 keys from t while they fit before t1, for the R rows of group
+ * g, by score8_keys; returns the first slot left. A function of its own: inlined into the
+ * score loop beside score8, GCC's code for it kept only part of the gain. */
+static __attribute__((noinline)) int64_t scores_in_key_order(const float *q, const float *keys,
+                                                             float *wg, int64_t padded, int64_t t,
+                                                             int64_t t1, int64_t R, int64_t G,
+                                                             int64_t H, int64_t g, int64_t D) {
+    for (; t + 8 <= t1; t += 8)
+        for (int64_t r = 0; r < R; r++)
+            _mm256_storeu_ps(wg + r * padded + t, score8_keys(q + (r / G * H + g * G + r % G) * D, keys + t * D, D));
+    return t;
 }
 
 static inline float score1(const float *qv, const float *k, int64_t D) {
@@ -140,10 +171,10 @@ int vs_attend(const float *q, const float *k, const float *v, float *cache_k, fl
             const float *keys = cache_k + g * cap * D;
             float *wg = w + g * R * padded;
             int64_t t = t0;
-            for (; t + 8 <= t1; t += 8) {
+            if (R <= KEY_ORDER_ROWS) t = scores_in_key_order(q, keys, wg, padded, t, t1, R, G, H, g, D);
+            for (; t + 8 <= t1; t += 8)
                 for (int64_t r = 0; r < R; r++)
                     _mm256_storeu_ps(wg + r * padded + t, score8(q + (r / G * H + g * G + r % G) * D, keys + t * D, D));
-            }
             for (; t < t1; t++)
                 for (int64_t r = 0; r < R; r++)
                     wg[r * padded + t] = score1(q + (r / G * H + g * G + r % G) * D, keys + t * D, D);
