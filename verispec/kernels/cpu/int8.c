@@ -475,8 +475,8 @@ static void panels_c(PANELS_ARGS) { PANELS(panel_c); }
     } while (0)
 
 /* One Q8_0 panel against rows [r0, r1) by Q8_ROWS, four rows at a time (eight sums and
- * four accumulators: more rows spilled to the stack with AVX-512's 32 registers), then 2
- * and 1. */
+ * four accumulators: more rows spilled to the stack with AVX-512's 32 registers; with
+ * AVX-VNNI's 16 these four spill their accumulators, unmeasured), then 2 and 1. */
 #define Q8_BODY(DPBUSD, KIND)                                                                \
     const int64_t bytes = vs_panel_bytes(KIND);                                              \
     const __m256i ones = _mm256_set1_epi8(1);                                                \
@@ -494,7 +494,8 @@ static void panels_c(PANELS_ARGS) { PANELS(panel_c); }
 #define VS_HAVE_VNNI 1
 /* One panel by BODY (format `name`), and a thread's share of panels. Up to DIRECT rows run
  * in a copy of their own: knowing that, GCC keeps their codes and sums in registers
- * (without it, one to four rows took 1.4-1.5x the time of AVX2's, docs/runtime.rst). */
+ * (without it, it kept the unpacked codes in memory: docs/runtime.rst, "Integer
+ * arithmetic"). */
 #define VNNI_PANELS(suffix, isa, name, DIRECT, BODY)                                         \
     __attribute__((target(isa))) ONE_PANEL panel_##name##_##suffix(PANEL_ARGS) { BODY }      \
     __attribute__((target(isa))) static void panels_##name##_##suffix(PANELS_ARGS) {         \
@@ -529,6 +530,7 @@ static void panels_c(PANELS_ARGS) { PANELS(panel_c); }
     __attribute__((target(isa))) static void pair_q4h_##suffix(PAIR_ARGS) {                  \
         PAIR_BODY(step_##suffix, finish_##suffix, 12)                                        \
     }
+/* The direct rows of each path: vs_linear_int8 buffers codes past the same numbers. */
 VNNI_SUMS(avxvnni, "avxvnni", _mm256_dpbusd_avx_epi32, DIRECT_ROWS)
 VNNI_SUMS(avx512vnni, "avx512vnni,avx512vl", _mm256_dpbusd_epi32, WIDE_DIRECT_ROWS)
 #endif
@@ -632,8 +634,10 @@ int vs_linear_int8(int kind, const float *x, int64_t M, int64_t K, const void *w
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
-        /* a panel's codes, unpacked (16 vectors a block): only on a VNNI path where more
-         * than its direct rows run (fewer, and AVX2's row tiles, unpack in registers) */
+        /* Q4_1: a panel pair's codes, unpacked (16 vectors a block); Q8_0: each block's
+         * -128 sum w (one vector). Only on a VNNI path where more than its direct rows run
+         * (the rows VNNI_SUMS gives that path; fewer, and AVX2's row tiles, unpack in
+         * registers). */
         __m256i *codes = NULL;
         const int64_t direct = path == PATH_AVX512VNNI ? WIDE_DIRECT_ROWS : DIRECT_ROWS;
         const int buffered = vnni && M > direct;
