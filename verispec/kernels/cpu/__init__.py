@@ -1,9 +1,10 @@
 """verispec's C kernels for the CPU, and how they are built.
 
-* the C sources: ``linear.c`` (the block products of GGUF Q4_1, Q4_0 and Q8_0 weights), ``int8.c``
-  (the integer products of ``arithmetic="int8"``), ``attention.c`` (the tree attention of
-  one layer), ``layer.c`` (every decoder layer of a pass in one call), ``topk.c`` (the
-  logits' top-k rows), with ``simd.h``, the SIMD helpers they share;
+* the C sources: ``linear.c`` (the block products of GGUF Q4_1, Q4_0 and Q8_0 weights),
+  ``int8.c`` (the integer products of ``arithmetic="int8"``), ``attention.c`` (the tree
+  attention of one layer), ``prompt_attention.c`` (the attention of a prompt's causal pass),
+  ``layer.c`` (every decoder layer of a pass in one call), ``topk.c`` (the logits' top-k
+  rows), with ``simd.h``, the SIMD helpers they share;
 * :mod:`.build`: compiles a set of them once per machine and source (``-march=native``) and
   loads the library with ``ctypes``;
 * :mod:`.features`: the CPU's instruction sets, read once;

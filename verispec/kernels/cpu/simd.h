@@ -1,6 +1,6 @@
 /* Helpers shared by verispec's CPU kernels (kernels/cpu/linear.c, int8.c, attention.c,
- * layer.c): a fixed horizontal sum, a vectorised exp, a prefetch ahead of a read and each
- * thread's share of a loop. */
+ * prompt_attention.c, layer.c): a fixed horizontal sum, a vectorised exp, a prefetch ahead of
+ * a read and each thread's share of a loop. */
 #ifndef VS_CPU_SIMD_H
 #define VS_CPU_SIMD_H
 #include <immintrin.h>

@@ -117,7 +117,9 @@ _BLOCK_BYTES = {
 HALVES: tuple[Format, ...] = ("bf16", "f16")
 """Formats a float32 matrix is read as when every weight is a bfloat16, or a half (a GGUF
 file's BF16 and F16 matrices): 2 bytes a weight, widened exactly."""
-_SOURCES = tuple(cpu_source(n) for n in ("linear.c", "attention.c", "layer.c", "int8.c"))
+_SOURCES = tuple(
+    cpu_source(n) for n in ("linear.c", "attention.c", "prompt_attention.c", "layer.c", "int8.c")
+)
 _HEADERS = (cpu_source("simd.h"),)
 _STATE: dict[str, object] = {}
 
@@ -129,10 +131,9 @@ def source_id() -> str:
 
 
 def _build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """Compile the kernels (``linear.c``, ``attention.c``, ``layer.c``, ``int8.c`` in
-    :mod:`verispec.kernels.cpu`) for
-    this CPU (once per source, CPU, compiler and ``extra_flags``) into one library and load
-    it."""
+    """Compile the kernels (``linear.c``, ``attention.c``, ``prompt_attention.c``, ``layer.c``,
+    ``int8.c`` in :mod:`verispec.kernels.cpu`) for this CPU (once per source, CPU, compiler and
+    ``extra_flags``) into one library and load it."""
     lib = build("cpu_linear", _SOURCES, _HEADERS, extra_flags)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.vs_linear.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
@@ -142,6 +143,8 @@ def _build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     lib.vs_block_bytes.argtypes = [ctypes.c_int]
     lib.vs_attend.argtypes = [ptr] * 5 + [i64] * 6 + [ptr, i64, ptr, ctypes.c_int]
     lib.vs_attend.restype = ctypes.c_int
+    lib.vs_attend_prompt.argtypes = [ptr] * 5 + [i64] * 6 + [ptr, ctypes.c_int]
+    lib.vs_attend_prompt.restype = ctypes.c_int
     layers: list[Any] = [i64, ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr, ptr, ptr, ptr, ptr]
     lib.vs_layers.argtypes = layers + [i64] * 5 + [ptr, i64, ctypes.c_int]
     lib.vs_layers.restype = ctypes.c_int

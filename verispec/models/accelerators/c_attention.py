@@ -18,6 +18,12 @@ What the rows of a pass share is memory: all rows of one KV group (its heads, fo
 token of the pass) read the same cached keys and values, and the kernel reads each key
 block and value line once for all of them. An extra tree row costs its arithmetic, not
 another sweep of the cache (figures: docs/benchmarks.rst); the bits are the same.
+
+A prompt's causal pass (``PassKind.PROMPT``) has its own kernel,
+:func:`attend_prompt_cpu` (``kernels/cpu/prompt_attention.c``): flash attention, one sweep of
+the keys and values a block of tokens, instead of PyTorch's fused attention, which took
+1.5-2x its time on the CPUs measured (docs/benchmarks.rst). Like PyTorch's, its rows are
+not those of the decoding kernel; every decoding method prefills alike.
 """
 
 from __future__ import annotations
@@ -31,12 +37,13 @@ from torch import Tensor
 from verispec.models.accelerators.base import Accelerator, Plan
 from verispec.models.accelerators.blocks import library
 from verispec.models.accelerators.buckets import BucketedForward
+from verispec.models.attention import attend_prompt
 from verispec.models.llama import KVCache, PassInputs, PassKind
 
 if TYPE_CHECKING:
     from verispec.models.llama import Transformer
 
-__all__ = ["CAttention", "attend_cpu", "cpu_attention_available"]
+__all__ = ["CAttention", "attend_cpu", "attend_prompt_cpu", "cpu_attention_available"]
 
 
 def cpu_attention_available(head_dim: int) -> bool:
@@ -68,10 +75,41 @@ def attend_cpu(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, inputs: PassInpu
     return out
 
 
+def attend_prompt_cpu(
+    q: Tensor, k: Tensor, v: Tensor, cache: KVCache, inputs: PassInputs
+) -> Tensor:
+    """:func:`~verispec.models.attention.attend_prompt` (same arguments, float32 on the CPU) in
+    C: the keys and values written to the cache, then each token attends to every slot
+    before its own and itself (a prompt pass is causal). A pass whose local mask is wider
+    than its tokens (a padded one) runs :func:`~verispec.models.attention.attend_prompt`."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are unavailable (see blocks.kernel_status)")
+    q_len, heads, head_dim = q.shape
+    if inputs.local_mask.shape[1] != q_len:
+        return attend_prompt(q, k, v, cache, inputs)
+    cache_k, cache_v, start = cache.k, cache.v, int(inputs.where[0])
+    kv_heads, capacity = k.shape[1], cache_k.shape[1]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty(q_len, heads * head_dim)
+    status = lib.vs_attend_prompt(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(),
+        capacity, q_len, heads, kv_heads, head_dim, start, out.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if status != 0:
+        raise RuntimeError(
+            f"the CPU prompt attention refused its arguments or ran out of memory: Q={q_len}, "
+            f"heads={heads}/{kv_heads}, head_dim={head_dim}, start={start}, capacity={capacity}"
+        )
+    return out
+
+
 class CAttention(Accelerator):
-    """The accelerator that sets every layer's tree-pass attention core to :func:`attend_cpu`:
-    on the CPU in float32, eager (no compiled or graphed forward), ``attention="auto"``,
-    where the kernels are built and the head dimension is a multiple of 8."""
+    """The accelerator that sets every layer's tree-pass attention core to :func:`attend_cpu`
+    and its prompt-pass core to :func:`attend_prompt_cpu`: on the CPU in float32, eager (no
+    compiled or graphed forward), ``attention="auto"``, where the kernels are built and the
+    head dimension is a multiple of 8."""
 
     label = "+C attention"
 
@@ -90,4 +128,5 @@ class CAttention(Accelerator):
             return None
         for block in model.blocks:
             block.attention.cores[PassKind.TREE] = attend_cpu
+            block.attention.cores[PassKind.PROMPT] = attend_prompt_cpu
         return cls()
