@@ -17,6 +17,9 @@ GEMMs, fused attention) against the tree kernels, for every length::
 
     taskset -c 1 .venv/bin/python benchmarks/prefill.py --threads 1 --paths \
         --lengths 33,48,64,80,96,128
+
+With ``--arithmetic int8`` (``--paths`` only: the integer model is not transformers') both
+paths multiply in integers, so they cross elsewhere.
 """
 
 from __future__ import annotations
@@ -88,9 +91,12 @@ def main() -> None:
     parser.add_argument(
         "--paths", action="store_true", help="the prompt pass against the tree kernels"
     )
+    parser.add_argument("--arithmetic", choices=("exact", "int8"), default="exact")
     args = parser.parse_args()
+    if args.arithmetic != "exact" and not args.paths:
+        parser.error("--arithmetic int8 compares the two prefill paths only: add --paths")
     torch.set_num_threads(args.threads)
-    model, _ = load_default_model(max_length=8192 + 64)
+    model, _ = load_default_model(max_length=8192 + 64, arithmetic=args.arithmetic)
     hf = model.hf_model
     print(f"flags: {' '.join(cpu_features())}; {args.threads} thread(s); runtime: {model.runtime}")
     if args.paths:

@@ -33,7 +33,7 @@ from verispec.models.accelerators.blocks import (
     recover_blocks,
     to_panels,
 )
-from verispec.models.runtime import PROMPT_PASS_TOKENS
+from verispec.models.runtime import prompt_pass_tokens
 
 available, why = kernel_status()
 pytestmark = pytest.mark.skipif(not available, reason=f"block kernel unavailable: {why}")
@@ -259,7 +259,7 @@ def test_int8_tree_rows_are_bitwise_sequential(prompt: list[int], tree: DraftTre
 
 @settings(max_examples=4, deadline=None)
 @given(
-    prompt=st.integers(PROMPT_PASS_TOKENS + 1, 90).flatmap(
+    prompt=st.integers(prompt_pass_tokens(1, "int8") + 1, 160).flatmap(
         lambda n: st.lists(st.integers(0, V - 1), min_size=n, max_size=n)
     ),
     tree=draft_trees(V, max_nodes=14),
@@ -270,6 +270,40 @@ def test_int8_tree_rows_after_a_prompt_pass(prompt: list[int], tree: DraftTree) 
     model = int8_model()
     model.prefill(torch.tensor(prompt))
     assert torch.equal(model.forward_tree(tree), decoded_tree_reference(model, prompt, tree))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int8_prompt_pass_threshold(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """With integer products the prompt pass starts at ``prompt_pass_tokens(threads, "int8")``
+    tokens, twice the float32 one-thread threshold, at one thread as at two: a prompt one
+    token shorter runs the tree kernels (no prompt attention called), one of that length
+    the prompt pass."""
+    from verispec.models.llama import PassKind
+
+    threshold = prompt_pass_tokens(threads, "int8")
+    assert threshold == prompt_pass_tokens(2) == 2 * prompt_pass_tokens(1)
+    calls = {"attention": 0}
+    model = int8_model()
+    core = model.transformer.blocks[0].attention.cores[PassKind.PROMPT]
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["attention"] += 1
+        return core(*args, **kwargs)
+
+    for block in model.transformer.blocks:
+        monkeypatch.setitem(block.attention.cores, PassKind.PROMPT, counted)
+    kept = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        # the last prompt token is the root, fed by the first step: a chunk of length - 1
+        for length, prompt_pass in [(threshold, False), (threshold + 1, True)]:
+            calls["attention"] = 0
+            model.reset()
+            generator = torch.Generator().manual_seed(length)
+            model.prefill(torch.randint(0, V, (length,), generator=generator))
+            assert (calls["attention"] > 0) == prompt_pass, (length, threads)
+    finally:
+        torch.set_num_threads(kept)
 
 
 def test_token_recycling_on_int8_answers_as_its_own_ar() -> None:

@@ -92,16 +92,22 @@ PROMPT_PASS_TOKENS = 64
 (``PassKind.PROMPT``, :class:`~verispec.models.llama.PassKind`): float32 GEMMs over the
 widened blocks and one fused attention call. Shorter ones run the tree kernels: widening a
 matrix costs about as much as a few rows of its product, and their rows stay equal to
-one-token decoding's. With more threads the threshold is :func:`prompt_pass_tokens`'s."""
+one-token decoding's. With more threads, or integer arithmetic, the threshold is
+:func:`prompt_pass_tokens`'s."""
 
 
-def prompt_pass_tokens(threads: int) -> int:
+def prompt_pass_tokens(threads: int, arithmetic: str = "exact") -> int:
     """The shortest prefill chunk that runs as a prompt pass on ``threads`` threads:
     :data:`PROMPT_PASS_TOKENS` at one thread, twice that from two: a second thread speeds the
-    tree kernels up more than the prompt pass on a short prompt. The thresholds sit near
-    where the two paths cross on the CPUs measured (``benchmarks/prefill.py --paths``;
-    figures in docs/benchmarks.rst); not measured beyond two threads."""
-    return PROMPT_PASS_TOKENS if threads <= 1 else 2 * PROMPT_PASS_TOKENS
+    tree kernels up more than the prompt pass on a short prompt. With ``arithmetic="int8"``
+    twice :data:`PROMPT_PASS_TOKENS` at any thread count: both paths multiply in integers
+    (no widening), and the tree kernels, one C call a pass, stay ahead of the prompt pass's
+    torch operators for longer. The thresholds sit near where the two paths cross on the
+    CPUs measured (``benchmarks/prefill.py --paths [--arithmetic int8]``; figures in
+    docs/benchmarks.rst); not measured beyond two threads."""
+    if threads <= 1 and arithmetic == "exact":
+        return PROMPT_PASS_TOKENS
+    return 2 * PROMPT_PASS_TOKENS
 
 
 _SLOT_ALIGN = VALUE_BLOCK  # attended slots are padded to whole value blocks (see _feed_once)
@@ -277,6 +283,7 @@ class FastModel(TreeSequenceModel):
             source_name=type(hf_model).__name__,
             eos_token_id=_eos_token_id(hf_model),
             batch_invariant=batch_invariant,
+            arithmetic=arithmetic,
         )
         self._setup(shared, context, tuple(range(transformer.args.n_layers)))
 
@@ -449,7 +456,7 @@ class FastModel(TreeSequenceModel):
         if queries == 0:  # nothing to feed (extend_from == N)
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
         if local_mask is None:  # causal prefill, in chunks of _PREFILL_CHUNK tokens
-            threshold = prompt_pass_tokens(torch.get_num_threads())
+            threshold = prompt_pass_tokens(torch.get_num_threads(), self._shared.arithmetic)
             for first in range(0, queries, _PREFILL_CHUNK):
                 last = min(first + _PREFILL_CHUNK, queries)
                 causal = torch.ones(last - first, last - first, dtype=torch.bool).tril_()
@@ -559,6 +566,7 @@ class _SharedRuntime:
     source_name: str = ""  # the source's class name
     eos_token_id: Any = None
     batch_invariant: bool = False  # every product and norm a fixed-order Triton kernel
+    arithmetic: str = "exact"  # how the block products multiply (FastModel's `arithmetic`)
     wrapper: BucketedForward | None = attrs.field(
         init=False, default=attrs.Factory(lambda s: s.find(BucketedForward), takes_self=True)
     )  # compiled or graphed buckets; None: eager
