@@ -33,7 +33,8 @@ from verispec.models.accelerators.blocks import (
     recover_blocks,
     to_panels,
 )
-from verispec.models.runtime import prompt_pass_tokens
+from verispec.models.accelerators.c_layers import CLayers
+from verispec.models.runtime import C_PROMPT_PASS_TOKENS
 
 available, why = kernel_status()
 pytestmark = pytest.mark.skipif(not available, reason=f"block kernel unavailable: {why}")
@@ -259,7 +260,7 @@ def test_int8_tree_rows_are_bitwise_sequential(prompt: list[int], tree: DraftTre
 
 @settings(max_examples=4, deadline=None)
 @given(
-    prompt=st.integers(prompt_pass_tokens(1, "int8") + 1, 160).flatmap(
+    prompt=st.integers(C_PROMPT_PASS_TOKENS + 1, 90).flatmap(
         lambda n: st.lists(st.integers(0, V - 1), min_size=n, max_size=n)
     ),
     tree=draft_trees(V, max_nodes=14),
@@ -274,36 +275,55 @@ def test_int8_tree_rows_after_a_prompt_pass(prompt: list[int], tree: DraftTree) 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_int8_prompt_pass_threshold(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
-    """With integer products the prompt pass starts at ``prompt_pass_tokens(threads, "int8")``
-    tokens, twice the float32 one-thread threshold, at one thread as at two: a prompt one
-    token shorter runs the tree kernels (no prompt attention called), one of that length
-    the prompt pass."""
-    from verispec.models.llama import PassKind
-
-    threshold = prompt_pass_tokens(threads, "int8")
-    assert threshold == prompt_pass_tokens(2) == 2 * prompt_pass_tokens(1)
-    calls = {"attention": 0}
-    model = int8_model()
-    core = model.transformer.blocks[0].attention.cores[PassKind.PROMPT]
+    """With integer products the prompt pass runs as one C call (``CLayers.prompt_pass``)
+    from ``C_PROMPT_PASS_TOKENS`` tokens, at one thread as at two: a prompt one token shorter
+    runs the tree kernels, one of that length the prompt pass."""
+    threshold = C_PROMPT_PASS_TOKENS
+    calls = {"prompt": 0}
+    prompt_pass = CLayers.prompt_pass
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls["attention"] += 1
-        return core(*args, **kwargs)
+        calls["prompt"] += 1
+        return prompt_pass(*args, **kwargs)
 
-    for block in model.transformer.blocks:
-        monkeypatch.setitem(block.attention.cores, PassKind.PROMPT, counted)
+    monkeypatch.setattr(CLayers, "prompt_pass", counted)
+    model = int8_model()
     kept = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         # the last prompt token is the root, fed by the first step: a chunk of length - 1
-        for length, prompt_pass in [(threshold, False), (threshold + 1, True)]:
-            calls["attention"] = 0
+        for length, prompt in [(threshold, False), (threshold + 1, True)]:
+            calls["prompt"] = 0
             model.reset()
             generator = torch.Generator().manual_seed(length)
             model.prefill(torch.randint(0, V, (length,), generator=generator))
-            assert (calls["attention"] > 0) == prompt_pass, (length, threads)
+            assert (calls["prompt"] > 0) == prompt, (length, threads)
     finally:
         torch.set_num_threads(kept)
+
+
+def test_int8_prompt_pass_in_c_equals_the_torch_prompt_pass_to_rounding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 200-token prompt prefilled by the C prompt pass leaves the cache entries and the
+    root's logits of the torch prompt pass (the same integer products; norms, SiLU and the
+    prompt attention computed in C) to rounding; its last layer, whose rows nobody reads,
+    writes the keys and values the torch pass writes."""
+    prompt = torch.randint(0, V, (200,), generator=torch.Generator().manual_seed(5))
+    model = int8_model()
+    model.reset()
+    model.prefill(prompt)
+    root = model.forward_tree(DraftTree.empty())[0]
+    caches = [(k.clone(), v.clone()) for k, v in model.kv_cache()]
+    monkeypatch.setattr(model._shared, "arithmetic", "exact")  # the torch prompt pass
+    model.reset()
+    model.prefill(prompt)
+    torch_root = model.forward_tree(DraftTree.empty())[0]
+    assert (root - torch_root).abs().max().item() < 1e-4 * torch_root.abs().max().item()
+    for (k, v), (k_ref, v_ref) in zip(caches, model.kv_cache(), strict=True):
+        assert (k - k_ref).abs().max().item() < 1e-4 * k_ref.abs().max().item()
+        assert (v - v_ref).abs().max().item() < 1e-4 * v_ref.abs().max().item()
+    assert not torch.equal(root, torch_root)  # two different passes ran
 
 
 def test_token_recycling_on_int8_answers_as_its_own_ar() -> None:

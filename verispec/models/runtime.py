@@ -81,7 +81,13 @@ from verispec.models.invariance import VALUE_BLOCK, min_pass_tokens, min_product
 from verispec.models.llama import KVCache, Pass, PassKind, Transformer, from_hf
 
 _A = TypeVar("_A", bound=Accelerator)
-__all__ = ["PROMPT_PASS_TOKENS", "WEIGHTS", "FastModel", "prompt_pass_tokens"]
+__all__ = [
+    "C_PROMPT_PASS_TOKENS",
+    "PROMPT_PASS_TOKENS",
+    "WEIGHTS",
+    "FastModel",
+    "prompt_pass_tokens",
+]
 
 _MIN_CAPACITY = 1024  # first cache allocation, in slots; doubles when full
 # Prompt tokens per prefill pass: bounds the activations (8,192 rows of the gate/up
@@ -92,22 +98,24 @@ PROMPT_PASS_TOKENS = 64
 (``PassKind.PROMPT``, :class:`~verispec.models.llama.PassKind`): float32 GEMMs over the
 widened blocks and one fused attention call. Shorter ones run the tree kernels: widening a
 matrix costs about as much as a few rows of its product, and their rows stay equal to
-one-token decoding's. With more threads, or integer arithmetic, the threshold is
-:func:`prompt_pass_tokens`'s."""
+one-token decoding's. With more threads the threshold is :func:`prompt_pass_tokens`'s; where
+the prompt pass runs in C, :data:`C_PROMPT_PASS_TOKENS`."""
+
+C_PROMPT_PASS_TOKENS = 32
+"""The same threshold where the prompt pass is one C call (integer products with the C
+layers: :meth:`~verispec.models.accelerators.c_layers.CLayers.prompt_pass`), at any thread
+count: its products are the tree kernels' own, and its causal attention and feed-forward in
+chunks cost less than the tree attention from a few dozen tokens on
+(``benchmarks/prefill.py --paths --arithmetic int8``; docs/benchmarks.rst)."""
 
 
-def prompt_pass_tokens(threads: int, arithmetic: str = "exact") -> int:
+def prompt_pass_tokens(threads: int) -> int:
     """The shortest prefill chunk that runs as a prompt pass on ``threads`` threads:
     :data:`PROMPT_PASS_TOKENS` at one thread, twice that from two: a second thread speeds the
-    tree kernels up more than the prompt pass on a short prompt. With ``arithmetic="int8"``
-    twice :data:`PROMPT_PASS_TOKENS` at any thread count: both paths multiply in integers
-    (no widening), and the tree kernels, one C call a pass, stay ahead of the prompt pass's
-    torch operators for longer. The thresholds sit near where the two paths cross on the
-    CPUs measured (``benchmarks/prefill.py --paths [--arithmetic int8]``; figures in
-    docs/benchmarks.rst); not measured beyond two threads."""
-    if threads <= 1 and arithmetic == "exact":
-        return PROMPT_PASS_TOKENS
-    return 2 * PROMPT_PASS_TOKENS
+    tree kernels up more than the prompt pass on a short prompt. The thresholds sit near
+    where the two paths cross on the CPUs measured (``benchmarks/prefill.py --paths``;
+    figures in docs/benchmarks.rst); not measured beyond two threads."""
+    return PROMPT_PASS_TOKENS if threads <= 1 else 2 * PROMPT_PASS_TOKENS
 
 
 _SLOT_ALIGN = VALUE_BLOCK  # attended slots are padded to whole value blocks (see _feed_once)
@@ -456,7 +464,7 @@ class FastModel(TreeSequenceModel):
         if queries == 0:  # nothing to feed (extend_from == N)
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
         if local_mask is None:  # causal prefill, in chunks of _PREFILL_CHUNK tokens
-            threshold = prompt_pass_tokens(torch.get_num_threads(), self._shared.arithmetic)
+            threshold = self._shared.prompt_pass_tokens()
             for first in range(0, queries, _PREFILL_CHUNK):
                 last = min(first + _PREFILL_CHUNK, queries)
                 causal = torch.ones(last - first, last - first, dtype=torch.bool).tril_()
@@ -495,11 +503,7 @@ class FastModel(TreeSequenceModel):
         self._reserve(length)
         where = torch.tensor([start, length])
         rows = queries if keep_rows is None else keep_rows
-        forward = (
-            functools.partial(self.transformer, kind=PassKind.PROMPT, cache_only=rows == 0)
-            if prompt
-            else self._shared.forward
-        )
+        forward = self._shared.prompt_forward(rows == 0) if prompt else self._shared.forward
         if self.device.type != "cpu":  # the host built them (on the CPU: no call at all)
             tokens, positions, local_mask = (
                 t.to(self.device, non_blocking=True) for t in (tokens, positions, local_mask)
@@ -591,6 +595,30 @@ class _SharedRuntime:
         if self.wrapper is not None:
             return self.wrapper
         return self.transformer if self.layers is None else self.layers.forward
+
+    @property
+    def c_prompt(self) -> bool:
+        """Whether a prompt pass is one C call: integer products with the C layers, whose
+        products are the torch prompt pass's own (float32 has GEMMs over widened weights
+        there, which the C layers do not run)."""
+        return self.layers is not None and self.arithmetic == "int8"
+
+    def prompt_forward(self, cache_only: bool) -> Any:
+        """What runs a prompt pass (``PassKind.PROMPT``): one C call where :attr:`c_prompt`
+        (:meth:`~verispec.models.accelerators.c_layers.CLayers.prompt_pass`: no torch operator
+        between the products), else the plain forward's prompt pass."""
+        if self.c_prompt:
+            assert self.layers is not None
+            return functools.partial(self.layers.prompt_pass, cache_only=cache_only)
+        return functools.partial(self.transformer, kind=PassKind.PROMPT, cache_only=cache_only)
+
+    def prompt_pass_tokens(self) -> int:
+        """The shortest prefill chunk that runs as a prompt pass here, on torch's threads:
+        :data:`C_PROMPT_PASS_TOKENS` where :attr:`c_prompt`, else
+        :func:`prompt_pass_tokens`."""
+        if self.c_prompt:
+            return C_PROMPT_PASS_TOKENS
+        return prompt_pass_tokens(torch.get_num_threads())
 
     def bucket(self, queries: int) -> int:
         """Rows one forward computes for ``queries`` tokens (padding included)."""

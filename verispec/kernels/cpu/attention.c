@@ -143,11 +143,7 @@ int vs_attend(const float *q, const float *k, const float *v, float *cache_k, fl
               const uint8_t *mask, int64_t W, float *out, int threads) {
     if (D % 8 != 0 || H % Hkv != 0 || start + Q > cap || W < Q || start + Q - W < 0) return -1;
     const int64_t G = H / Hkv, first = start + Q - W, ldv = D + 1, R = Q * G;
-    for (int64_t i = 0; i < Q; i++)
-        for (int64_t g = 0; g < Hkv; g++) {
-            memcpy(cache_k + (g * cap + start + i) * D, k + (i * Hkv + g) * D, D * 4);
-            memcpy(cache_v + (g * cap + start + i) * ldv, v + (i * Hkv + g) * D, D * 4);
-        }
+    write_cache(k, v, cache_k, cache_v, cap, Q, Hkv, D, start);
     const int64_t slots = start + Q, padded = (slots + 7) / 8 * 8;
     /* w: a row's scores by slot, then (in place) its weights over the keys it sees, rows
      * numbered g * R + r with r = i * G + h % G; total: their sums. */

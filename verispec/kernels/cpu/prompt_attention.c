@@ -176,11 +176,7 @@ int vs_attend_prompt(const float *q, const float *k, const float *v, float *cach
     float *kts = NULL, *vps = NULL;
     if (posix_memalign((void **)&kts, 64, (size_t)(2 * Hkv * padded * D) * 4) != 0) return -1;
     vps = kts + Hkv * padded * D;
-    for (int64_t i = 0; i < Q; i++)
-        for (int64_t g = 0; g < Hkv; g++) {
-            memcpy(cache_k + (g * cap + start + i) * D, k + (i * Hkv + g) * D, D * 4);
-            memcpy(cache_v + (g * cap + start + i) * ldv, v + (i * Hkv + g) * D, D * 4);
-        }
+    write_cache(k, v, cache_k, cache_v, cap, Q, Hkv, D, start);
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {

@@ -1,10 +1,11 @@
 /* Helpers shared by verispec's CPU kernels (kernels/cpu/linear.c, int8.c, attention.c,
  * prompt_attention.c, layer.c): a fixed horizontal sum, a vectorised exp, a prefetch ahead of
- * a read and each thread's share of a loop. */
+ * a read, each thread's share of a loop, and a pass's write of its keys and values. */
 #ifndef VS_CPU_SIMD_H
 #define VS_CPU_SIMD_H
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -24,6 +25,19 @@ static inline void thread_share(int64_t n, int64_t *from, int64_t *to) {
     t = omp_get_thread_num(), T = omp_get_num_threads();
 #endif
     *from = n * t / T, *to = n * (t + 1) / T;
+}
+
+/* A pass's new keys and values, k and v (Q, Hkv, D), into slots [start, start + Q) of a
+ * layer's caches: cache_k (Hkv, cap, D) and cache_v (Hkv, cap, D + 1), whose last column
+ * (the runtime's column of ones) is left as it is. */
+static inline void write_cache(const float *k, const float *v, float *cache_k, float *cache_v,
+                               int64_t cap, int64_t Q, int64_t Hkv, int64_t D, int64_t start) {
+    for (int64_t i = 0; i < Q; i++)
+        for (int64_t g = 0; g < Hkv; g++) {
+            memcpy(cache_k + (g * cap + start + i) * D, k + (i * Hkv + g) * D, (size_t)D * 4);
+            memcpy(cache_v + (g * cap + start + i) * (D + 1), v + (i * Hkv + g) * D,
+                   (size_t)D * 4);
+        }
 }
 
 static inline float hsum8(__m256 v) {

@@ -214,10 +214,15 @@ class LayerKernel:
         *,
         parents: Sequence[int] | None = None,
         rows: int = 0,
+        prompt: bool = False,
+        cache_only: bool = False,
     ) -> torch.Tensor:
         """A tree pass of ``model`` (whose decoder layers these are) from token ids, in one
         C call: the embedding and rotary rows, the layers, the final norm, and with
-        ``rows`` > 0 the LM head on the last ``rows`` rows (a decoding step).
+        ``rows`` > 0 the LM head on the last ``rows`` rows (a decoding step). With
+        ``prompt``, a prompt's causal pass instead (no mask: each token sees every slot up to
+        its own, through the prompt attention, ``kernels/cpu/prompt_attention.c``, whose rows
+        are not row-invariant).
 
         Args:
             tokens: int64, Shape: (Q,) (a tensor or a list of ints).
@@ -231,6 +236,9 @@ class LayerKernel:
             rows: 0 for the final-normed rows, Shape: (Q, E); else the logits of the last
                 ``rows`` rows, Shape: (rows, V) (the head must be a
                 :class:`~verispec.models.accelerators.blocks.BlockLinear`: :meth:`runs_head`).
+            prompt: a causal prompt pass (no ``mask``, no ``parents``, ``rows`` 0).
+            cache_only: with ``prompt``, write the caches only: the last layer stops at its
+                keys and values, and no row is returned (Shape: (0, E)).
 
         Returns:
             float32, as ``rows`` says. The same bits, row by row, however the rows are split
@@ -243,7 +251,15 @@ class LayerKernel:
             raise ValueError("this model's LM head is not a block product; pass rows=0")
         token_ptr, q_len = _int64s(tokens)
         position_ptr, q_pos = _int64s(positions)
-        if parents is not None:
+        if prompt:
+            if mask is not None or parents is not None or rows or q_pos != q_len:
+                raise ValueError(
+                    f"a prompt pass takes a position for each token and no mask, parents or "
+                    f"head rows; got {q_len} tokens, {q_pos} positions, rows={rows}"
+                )
+        elif cache_only:
+            raise ValueError("cache_only=True is for a prompt pass (prompt=True)")
+        elif parents is not None:
             parent_ptr, nodes = _int64s(parents)
             if nodes != q_len - 1 or q_pos != 1 or mask is not None:
                 raise ValueError(
@@ -259,7 +275,10 @@ class LayerKernel:
             mask_u8 = mask.contiguous().view(torch.uint8)
             mask_ptr, mask_width = mask_u8.data_ptr(), mask_u8.shape[1]
         width = embedding.shape[1]
-        shape = (rows, head.n) if rows else (q_len, width)  # type: ignore[union-attr]
+        if rows:
+            shape = (rows, head.n)  # type: ignore[union-attr]
+        else:
+            shape = (0 if cache_only else q_len, width)
         out = torch.empty(shape, dtype=torch.float32)
         keys, values = self._pointers(caches)
         heads, kv_heads, head_dim = self._heads
@@ -269,7 +288,7 @@ class LayerKernel:
             cos.shape[0], self._attn_norms, self._ffn_norms, norm.data_ptr(), self._eps,
             self._weights, ctypes.byref(head) if rows else None, rows, keys, values,
             self._capacity, heads, kv_heads, head_dim, start, mask_ptr, mask_width,
-            out.data_ptr(), torch.get_num_threads(),
+            None if cache_only else out.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if status != 0:
             raise RuntimeError(
@@ -365,6 +384,21 @@ class CLayers(Accelerator):
         return kernel.forward(
             self.model, p.tokens, p.positions, p.caches, int(p.where[0]), p.local_mask
         )
+
+    def prompt_pass(self, p: Pass, *, cache_only: bool = False) -> torch.Tensor:
+        """A prompt's causal pass (``PassKind.PROMPT``; ``p.local_mask`` causal, as wide as
+        its tokens) in one C call: the same products as :meth:`tree_pass`, the prompt
+        attention (``kernels/cpu/prompt_attention.c``), the final-normed rows (none with
+        ``cache_only``: the last layer then writes its keys and values only)."""
+        if p.local_mask.shape != (p.tokens.numel(), p.tokens.numel()):
+            raise ValueError(
+                f"a prompt pass is causal over its own tokens; got a mask of shape "
+                f"{tuple(p.local_mask.shape)} for {p.tokens.numel()} tokens"
+            )
+        return self._kernel(p.layers).forward(
+            self.model, p.tokens, p.positions, p.caches, int(p.where[0]), prompt=True,
+            cache_only=cache_only,
+        )  # fmt: skip
 
     def decode_step(
         self,
