@@ -2,11 +2,11 @@
  * row i (slot start + i) attends to slots [0, start + i].
  *
  * Built with kernels/cpu/linear.c into one library (verispec/models/accelerators/blocks.py);
- * called by verispec/models/attention.py (attend_prompt) and by the C layers' prompt pass
- * (kernels/cpu/layer.c). Flash attention: for each KV group and block of QB tokens (their G
- * heads each: up to QB G query rows), the cached keys are read a block of KB slots at a
- * time, transposed once so that a register tile of rows times 32 slots is broadcast query
- * values times key rows; each row keeps a running maximum and sum (online softmax) and
+ * called by verispec/models/accelerators/c_attention.py (attend_prompt_cpu, the torch prompt
+ * pass's attention core) and by the C layers' prompt pass (kernels/cpu/layer.c). Flash
+ * attention: for each KV group and block of QB tokens (their G heads each: up to QB G query
+ * rows), the cached keys are read a block of KB slots at a time, transposed once a pass so
+ * that a register tile of rows times 32 slots is broadcast query values times key rows; each row keeps a running maximum and sum (online softmax) and
  * accumulates its weighted values in an L1-resident buffer. No score matrix over the
  * whole prompt is formed, and each key and value block is read once for all the rows of a
  * token block.
