@@ -291,7 +291,6 @@ class FastModel(TreeSequenceModel):
             source_name=type(hf_model).__name__,
             eos_token_id=_eos_token_id(hf_model),
             batch_invariant=batch_invariant,
-            arithmetic=arithmetic,
         )
         self._setup(shared, context, tuple(range(transformer.args.n_layers)))
 
@@ -570,7 +569,6 @@ class _SharedRuntime:
     source_name: str = ""  # the source's class name
     eos_token_id: Any = None
     batch_invariant: bool = False  # every product and norm a fixed-order Triton kernel
-    arithmetic: str = "exact"  # how the block products multiply (FastModel's `arithmetic`)
     wrapper: BucketedForward | None = attrs.field(
         init=False, default=attrs.Factory(lambda s: s.find(BucketedForward), takes_self=True)
     )  # compiled or graphed buckets; None: eager
@@ -596,27 +594,19 @@ class _SharedRuntime:
             return self.wrapper
         return self.transformer if self.layers is None else self.layers.forward
 
-    @property
-    def c_prompt(self) -> bool:
-        """Whether a prompt pass is one C call: integer products with the C layers, whose
-        products are the torch prompt pass's own (float32 has GEMMs over widened weights
-        there, which the C layers do not run)."""
-        return self.layers is not None and self.arithmetic == "int8"
-
     def prompt_forward(self, cache_only: bool) -> Any:
-        """What runs a prompt pass (``PassKind.PROMPT``): one C call where :attr:`c_prompt`
-        (:meth:`~verispec.models.accelerators.c_layers.CLayers.prompt_pass`: no torch operator
-        between the products), else the plain forward's prompt pass."""
-        if self.c_prompt:
-            assert self.layers is not None
+        """What runs a prompt pass (``PassKind.PROMPT``): one C call where the C layers run
+        it (:attr:`CLayers.prompts <verispec.models.accelerators.c_layers.CLayers.prompts>`:
+        no torch operator between the products), else the plain forward's prompt pass."""
+        if self.layers is not None and self.layers.prompts:
             return functools.partial(self.layers.prompt_pass, cache_only=cache_only)
         return functools.partial(self.transformer, kind=PassKind.PROMPT, cache_only=cache_only)
 
     def prompt_pass_tokens(self) -> int:
         """The shortest prefill chunk that runs as a prompt pass here, on torch's threads:
-        :data:`C_PROMPT_PASS_TOKENS` where :attr:`c_prompt`, else
+        :data:`C_PROMPT_PASS_TOKENS` where the C layers run it, else
         :func:`prompt_pass_tokens`."""
-        if self.c_prompt:
+        if self.layers is not None and self.layers.prompts:
             return C_PROMPT_PASS_TOKENS
         return prompt_pass_tokens(torch.get_num_threads())
 

@@ -21,8 +21,8 @@ another sweep of the cache (figures: docs/benchmarks.rst); the bits are the same
 
 A prompt's causal pass (``PassKind.PROMPT``) has its own kernel,
 :func:`attend_prompt_cpu` (``kernels/cpu/prompt_attention.c``): flash attention, one sweep of
-the keys and values a block of tokens, instead of PyTorch's fused attention, which took
-1.5-2x its time on the CPUs measured (docs/benchmarks.rst). Like PyTorch's, its rows are
+the keys and values a block of tokens, instead of PyTorch's fused attention, which is
+slower on the CPUs measured (figures: docs/benchmarks.rst). Like PyTorch's, its rows are
 not those of the decoding kernel; every decoding method prefills alike.
 """
 

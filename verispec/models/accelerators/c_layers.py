@@ -311,6 +311,11 @@ class LayerKernel:
             self._bind()  # a product's tensors may have been replaced
         return lib
 
+    def integer_products(self) -> bool:
+        """Whether every product of these layers multiplies in integers
+        (``arithmetic="int8"``), whose prompt form is the product itself."""
+        return all(p.arithmetic == "int8" for p in self._products)
+
     def runs_head(self, model: Transformer) -> bool:
         """Whether :meth:`forward` can run ``model``'s LM head (a block product)."""
         return self._ends_of(model)[5] is not None
@@ -351,6 +356,10 @@ class CLayers(Accelerator):
         model: the model whose layers it runs.
         kernel: its :class:`LayerKernel`.
         decodes: whether :meth:`decode_step` runs (one-row passes and a block-product head).
+        prompts: whether the runtime's prompt passes run here (:meth:`prompt_pass`): where
+            every product multiplies in integers, its prompt form is its tree form, so the C
+            layers run the prompt pass's own products (float32 products have GEMMs over
+            widened weights there, which these layers do not run).
     """
 
     label = "+C layers"
@@ -360,6 +369,7 @@ class CLayers(Accelerator):
         self.model, self.kernel = model, kernel
         groups = model.args.n_heads // model.args.n_kv_heads
         self.decodes = min_pass_tokens(model, groups) == 1 and kernel.runs_head(model)
+        self.prompts = kernel.integer_products()
         self.forward = self.tree_pass
 
     @classmethod
