@@ -273,12 +273,8 @@ def test_int8_tree_rows_after_a_prompt_pass(prompt: list[int], tree: DraftTree) 
     assert torch.equal(model.forward_tree(tree), decoded_tree_reference(model, prompt, tree))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_int8_prompt_pass_threshold(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
-    """With integer products the prompt pass runs as one C call (``CLayers.prompt_pass``)
-    from ``C_PROMPT_PASS_TOKENS`` tokens, at one thread as at two: a prompt one token shorter
-    runs the tree kernels, one of that length the prompt pass."""
-    threshold = C_PROMPT_PASS_TOKENS
+def _count_prompt_passes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """``{"prompt": n}``, n counting the calls of ``CLayers.prompt_pass`` from now on."""
     calls = {"prompt": 0}
     prompt_pass = CLayers.prompt_pass
 
@@ -287,6 +283,16 @@ def test_int8_prompt_pass_threshold(monkeypatch: pytest.MonkeyPatch, threads: in
         return prompt_pass(*args, **kwargs)
 
     monkeypatch.setattr(CLayers, "prompt_pass", counted)
+    return calls
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int8_prompt_pass_threshold(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """With integer products the prompt pass runs as one C call (``CLayers.prompt_pass``)
+    from ``C_PROMPT_PASS_TOKENS`` tokens, at one thread as at two: a prompt one token shorter
+    runs the tree kernels, one of that length the prompt pass."""
+    threshold = C_PROMPT_PASS_TOKENS
+    calls = _count_prompt_passes(monkeypatch)
     model = int8_model()
     kept = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -309,14 +315,7 @@ def test_int8_prompt_pass_in_c_equals_the_torch_prompt_pass_to_rounding(
     root's logits of the torch prompt pass (the same integer products; norms, SiLU and the
     prompt attention computed in C) to rounding; its last layer, whose rows nobody reads,
     writes the keys and values the torch pass writes."""
-    calls = {"prompt": 0}
-    prompt_pass = CLayers.prompt_pass
-
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls["prompt"] += 1
-        return prompt_pass(*args, **kwargs)
-
-    monkeypatch.setattr(CLayers, "prompt_pass", counted)
+    calls = _count_prompt_passes(monkeypatch)
     prompt = torch.randint(0, V, (200,), generator=torch.Generator().manual_seed(5))
     model = int8_model()
     layers = model._shared.layers
