@@ -20,6 +20,7 @@ same sequences, which is the seeded identity the rule exists for.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -33,6 +34,7 @@ from verispec.core.types import Drafter, Verdict, Verifier
 from verispec.drafters import TokenRecycling
 from verispec.drafters.dynamic_token_recycling import DynamicTokenRecycling
 from verispec.drafters.prompt_lookup import PromptLookup
+from verispec.kernels.cpu import draw as cpu_draw
 from verispec.verifiers import Coupled, default_verifier, seeded_sample
 from verispec.verifiers._rules import follow_target
 
@@ -73,10 +75,30 @@ class NodeKeyed(Coupled):
         return follow_target(tree, draw)
 
 
-def audit(drafter: Drafter | None, verifier: Verifier | None, sampling: SamplingParams) -> tuple:
-    """(chi-square p-value of the first three tokens, tokens committed per step)."""
+class Float32Rows:
+    """The Markov target with float32 rows, as a real model's on the CPU: the coupled rule
+    draws them in C (:mod:`verispec.kernels.cpu.draw`); everything else is the target's."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+    def forward_tree(self, tree: DraftTree, **kwargs: Any) -> torch.Tensor:
+        return self._target.forward_tree(tree, **kwargs).float()
+
+
+def audit(
+    drafter: Drafter | None,
+    verifier: Verifier | None,
+    sampling: SamplingParams,
+    float32: bool = False,
+) -> tuple:
+    """(chi-square p-value of the first three tokens, tokens committed per step), with the
+    target's float64 rows or (``float32``) its rows rounded to float32."""
     target, _ = markov_pair()
-    decoder = SpeculativeDecoder(target, drafter, verifier)
+    decoder = SpeculativeDecoder(Float32Rows(target) if float32 else target, drafter, verifier)
     counts = torch.zeros(27)
     committed = steps = 0
     settings = {"temperature": sampling.temperature, "top_p": sampling.top_p}
@@ -100,6 +122,32 @@ def test_first_three_tokens_follow_the_target_law(name: str, sampling: str) -> N
     assert isinstance(default_verifier(params), Coupled)
     p_value, per_step = audit(DRAFTERS[name](), None, params)
     assert p_value > ALPHA
+    if name != "ar":
+        assert per_step > 1.05
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+@pytest.mark.parametrize("name", ["ar", "dtr"])
+def test_float32_rows_are_drawn_in_c_and_follow_the_target_law(
+    name: str, sampling: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With float32 rows every draw runs in C (counted), and the first three tokens pass the
+    same audit; ``dtr`` still gets drafts accepted."""
+    if cpu_draw.library() is None:
+        pytest.skip("the C draw cannot be built on this machine")
+    drawn = {"in C": 0, "rows": 0}
+    real = cpu_draw.coupled_draw
+
+    def counted(*args: Any) -> int | None:
+        token = real(*args)
+        drawn["rows"] += 1
+        drawn["in C"] += token is not None
+        return token
+
+    monkeypatch.setattr(cpu_draw, "coupled_draw", counted)
+    p_value, per_step = audit(DRAFTERS[name](), None, SAMPLINGS[sampling], float32=True)
+    assert p_value > ALPHA
+    assert drawn["rows"] >= 3 * SAMPLES and drawn["in C"] == drawn["rows"]
     if name != "ar":
         assert per_step > 1.05
 

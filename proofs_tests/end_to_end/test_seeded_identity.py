@@ -101,3 +101,45 @@ def test_smollm2_fixed_candidate_drafters_reproduce_plain_sampling(
     out, accepted = generate_all(model, ids, range(2), 24, temperatures=(1.0,))
     assert differing(out) == []
     assert accepted > 20
+
+
+def test_smollm2_the_c_draw_commits_the_torch_paths_text(
+    default_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SmolLM2-135M (float32 rows, so ``ar``'s coupled draws run in C), each of three
+    processings (top-p, top-k, min-p) commits the same 32 tokens for seeds 0-1 as the torch
+    path (the kernel refused by returning None), and the C path really ran."""
+    from verispec.kernels.cpu import draw as cpu_draw
+
+    if cpu_draw.library() is None:
+        pytest.skip("the C draw cannot be built on this machine")
+    model, tokenizer = default_model
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a short poem about the sea."}],
+        add_generation_prompt=True,
+    )
+    ids = list(prompt["input_ids"]) if hasattr(prompt, "keys") else list(prompt)
+    decoder = verispec.SpeculativeDecoder(model, None)
+    real = cpu_draw.coupled_draw
+    drawn = {"in C": 0}
+
+    def counted(*args: Any) -> int | None:
+        token = real(*args)
+        drawn["in C"] += token is not None
+        return token
+
+    settings = [
+        {"temperature": 0.8, "top_p": 0.95},
+        {"temperature": 1.0, "top_k": 50},
+        {"temperature": 0.7, "min_p": 0.05},
+    ]
+    for setting in settings:
+        for seed in range(2):
+            monkeypatch.setattr(cpu_draw, "coupled_draw", counted)
+            in_c = decoder.generate(ids, max_new_tokens=32, seed=seed, eos_token_ids=[], **setting)
+            monkeypatch.setattr(cpu_draw, "coupled_draw", lambda *args: None)
+            in_torch = decoder.generate(
+                ids, max_new_tokens=32, seed=seed, eos_token_ids=[], **setting
+            )
+            assert in_c.tokens == in_torch.tokens, setting
+    assert drawn["in C"] >= 6 * 32

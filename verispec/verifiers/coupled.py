@@ -53,6 +53,7 @@ from verispec.core.tree import Deterministic, DraftTree
 from verispec.core.types import Verdict, Verifier, check_seed
 from verispec.core.validate import integer
 from verispec.errors import ConfigError
+from verispec.kernels.cpu import draw as cpu_draw
 from verispec.verifiers._rules import check_target_logits, follow_target
 from verispec.verifiers.recursive import RecursiveRejection
 
@@ -204,7 +205,11 @@ class Coupled:
         seed = generator.initial_seed()
 
         def draw(row: int, depth: int) -> int:
-            target_probs = sampling.probs(target_logits[row], self.dtype)  # (V,)
-            return seeded_sample(target_probs, seed, position + depth)
+            logits = target_logits[row]  # (V,)
+            if self.dtype == torch.float32:  # a float32 CPU row: one C call (same law)
+                token = cpu_draw.coupled_draw(logits, sampling, seed, position + depth, BLOCK)
+                if token is not None:
+                    return token
+            return seeded_sample(sampling.probs(logits, self.dtype), seed, position + depth)
 
         return follow_target(tree, draw)

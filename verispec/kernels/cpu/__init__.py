@@ -4,11 +4,13 @@
   ``int8.c`` (the integer products of ``arithmetic="int8"``), ``attention.c`` (the tree
   attention of one layer), ``prompt_attention.c`` (the attention of a prompt's causal pass),
   ``layer.c`` (every decoder layer of a pass in one call), ``topk.c`` (the logits' top-k
-  rows), with ``simd.h``, the SIMD helpers they share;
+  rows), ``draw.c`` (the coupled rule's draw of a sampled row), with ``simd.h``, the SIMD
+  helpers they share;
 * :mod:`.build`: compiles a set of them once per machine and source (``-march=native``) and
   loads the library with ``ctypes``;
 * :mod:`.features`: the CPU's instruction sets, read once;
-* :mod:`.topk`: the top-k kernel's Python entry.
+* :mod:`.topk`: the top-k kernel's Python entry;
+* :mod:`.draw`: the draw kernel's Python entry (:class:`~verispec.verifiers.Coupled` calls it).
 
 The modules that hand the model its products, attention and layers in C (the runtime's
 accelerators) are in :mod:`verispec.models.accelerators`; they find their sources with
