@@ -89,6 +89,15 @@ def test_tiny_temperature_does_not_overflow() -> None:
     assert probs.tolist() == [1.0, 0.0, 0.0]
 
 
+def test_a_temperature_below_the_dtypes_range_is_a_point_mass_on_the_maxima() -> None:
+    """Temperature 1e-50 rounds to 0 in float32: the result is still the point mass on the
+    maxima (ties shared), not NaN, in float32 and in float64."""
+    logits = torch.tensor([1.0, 3.0, -5.0, 3.0])
+    for dtype in (torch.float32, torch.float64):
+        probs = SamplingParams(temperature=1e-50).probs(logits, dtype)
+        assert probs.tolist() == [0.0, 0.5, 0.0, 0.5]
+
+
 def test_top_k_keeps_the_k_largest_and_their_ties() -> None:
     """top_k zeroes all but the k largest logits; a tie with the k-th is kept."""
     logits = torch.tensor([1.0, 4.0, 2.0, 2.0, 0.0], dtype=torch.float64)

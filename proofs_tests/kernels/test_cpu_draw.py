@@ -82,6 +82,16 @@ def test_the_draw_is_the_torch_paths(vocab: int, sampling: str) -> None:
             assert cpu_draw.coupled_draw(row, params, *key, BLOCK) == _torch_draw(row, params, *key)
 
 
+def test_a_temperature_below_float32s_range_draws_among_the_maxima() -> None:
+    """Temperature 1e-50 (0 in float32): a point mass on the two tied maxima, as the torch
+    path's, never a NaN race."""
+    row = torch.tensor([0.5, 3.0, -1.0, 3.0, 2.0])
+    params = SamplingParams(temperature=1e-50)
+    draws = [cpu_draw.coupled_draw(row, params, 4, t, BLOCK) for t in range(200)]
+    assert set(draws) == {1, 3}
+    assert draws == [_torch_draw(row, params, 4, t) for t in range(200)]
+
+
 def test_at_temperature_zero_the_draw_is_the_first_maximum() -> None:
     """Temperature 0: the first index of the row's maximum, whatever the key."""
     row = torch.tensor([0.5, 3.0, -1.0, 3.0, 2.0])
@@ -152,14 +162,13 @@ NOT_TAKEN = {
     "+inf": (torch.tensor([0.0, math.inf, 1.0]), SAMPLINGS["T=1"]),
     "all -inf": (torch.full((4,), -math.inf), SAMPLINGS["T=1"]),
     "two rows": (torch.zeros(2, 5), SAMPLINGS["T=1"]),
-    "T below float32": (torch.zeros(5), SamplingParams(temperature=1e-50)),
 }
 
 
 @pytest.mark.parametrize("case", list(NOT_TAKEN))
 def test_rows_it_does_not_take_return_none(case: str) -> None:
-    """float64, strided or 2-d rows, a NaN, +inf or all -inf row, and a temperature that
-    float32 rounds to 0: None (the caller takes the torch path)."""
+    """float64, strided or 2-d rows, and a NaN, +inf or all -inf row: None (the caller takes
+    the torch path)."""
     row, params = NOT_TAKEN[case]
     assert cpu_draw.coupled_draw(row, params, 0, 0, BLOCK) is None
 

@@ -111,7 +111,9 @@ class SamplingParams:
     """How logits are turned into the distribution decoding samples from.
 
     Attributes:
-        temperature: ``0`` means greedy (argmax); otherwise logits are divided by it.
+        temperature: ``0`` means greedy (argmax); otherwise logits are divided by it (by
+            the dtype's smallest normal number where it is smaller: a point mass on the
+            maxima either way).
         top_k: keep the ``top_k`` most likely tokens (ties with the k-th are kept);
             ``0`` keeps all.
         top_p: keep the smallest set of most likely tokens whose mass reaches ``top_p``;
@@ -169,7 +171,9 @@ class SamplingParams:
         # temperature can underflow to -inf but never overflow to +inf (no NaN).
         scores = logits - row_max
         if self.temperature != 1:
-            scores = scores / self.temperature
+            # a temperature the dtype rounds to 0 divides as its smallest normal number:
+            # still a point mass on the maxima, where 0 would make 0 / 0 = NaN
+            scores = scores / max(self.temperature, torch.finfo(dtype).tiny)
         if self.top_k and self.top_k < scores.shape[-1]:
             kth = torch.topk(scores, self.top_k, dim=-1).values[..., -1:]
             scores = torch.where(scores < kth, -math.inf, scores)  # masked_fill's values, faster

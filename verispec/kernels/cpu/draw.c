@@ -195,7 +195,7 @@ static int64_t race(const double *noise, const double *w, int64_t n) {
 
 /* The token drawn at `position` for `seed` from the processed distribution of row x[0..V).
  *
- * temperature >= 0 (0: the first maximum; one that float32 rounds to 0 is refused); top_k
+ * temperature >= 0 (0: the first maximum; below 2^-126, 2^-126); top_k
  * 0 or k (kept when k >= V); top_p in (0, 1]; min_p in [0, 1). block: tokens per block of
  * the race (V <= block: one level). Work buffers: e (V floats) and keys (max(2 V, 2 ceil(V /
  * block), 2 block) uint64).
@@ -204,9 +204,11 @@ static int64_t race(const double *noise, const double *w, int64_t n) {
 int64_t vs_coupled_draw(const float *x, int64_t V, double temperature_given, int64_t top_k,
                         double top_p, float min_p, uint64_t seed, uint64_t position,
                         int64_t block, float *e, uint64_t *keys) {
-    const float temperature = (float)temperature_given; /* torch divides by it in float32 */
-    if (V < 1 || block < 1 || !(temperature_given >= 0.0) ||
-        (temperature_given > 0.0 && !(temperature > 0.0f)) || top_k < 0 || !(top_p > 0.0) ||
+    /* torch divides by it in float32, and by float32's smallest normal number where float32
+     * rounds it to 0 (SamplingParams.probs) */
+    float temperature = (float)temperature_given;
+    if (temperature_given > 0.0 && temperature < 0x1p-126f) temperature = 0x1p-126f;
+    if (V < 1 || block < 1 || !(temperature_given >= 0.0) || top_k < 0 || !(top_p > 0.0) ||
         !(top_p <= 1.0) || !(min_p >= 0.0f) || !(min_p < 1.0f))
         return -2;
     /* the maximum, and NaN / +inf */
@@ -229,7 +231,7 @@ int64_t vs_coupled_draw(const float *x, int64_t V, double temperature_given, int
         m = x[v] > m ? x[v] : m;
     }
     if (nan || !isfinite(m)) return -1;
-    if (temperature == 0.0f) {
+    if (temperature_given == 0.0) {
         for (v = 0; v < V; v++)
             if (x[v] == m) return v;
     }
