@@ -95,13 +95,13 @@ def coupled_draw(
         block: tokens per block of the two-level race.
 
     Returns:
-        The token id, or ``None``: not a float32 CPU row with unit stride, the kernel cannot
-        be built, or the row holds NaN or +inf or no finite value (the torch path raises
-        the error that names it).
+        The token id, or ``None``: not a float32 CPU row with unit stride and fewer than
+        2**32 logits, the kernel cannot be built, or the row holds NaN or +inf or no finite
+        value (the torch path raises the error that names it).
     """
     if row.device.type != "cpu" or row.dtype != torch.float32 or row.dim() != 1:
         return None
-    if row.stride(0) != 1:
+    if row.stride(0) != 1 or row.shape[0] >= 2**32:  # the kernel ranks 32-bit ids
         return None
     lib = library()
     if lib is None:
