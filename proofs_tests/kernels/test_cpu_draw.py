@@ -99,6 +99,16 @@ def test_at_temperature_zero_the_draw_is_the_first_maximum() -> None:
     assert draws == {1}
 
 
+@pytest.mark.parametrize("top_k", [1000, 2**64 + 5])
+def test_a_top_k_of_the_vocabulary_or_more_cuts_nothing(top_k: int) -> None:
+    """top-k >= V keeps every token, also past 64 bits (where a C integer would wrap to 5)."""
+    row = torch.linspace(0.0, 2.0, 1000)
+    params = SamplingParams(temperature=1.0, top_k=top_k)
+    draws = [cpu_draw.coupled_draw(row, params, 2, t, BLOCK) for t in range(300)]
+    assert draws == [_torch_draw(row, params, 2, t) for t in range(300)]
+    assert min(d for d in draws if d is not None) < 990  # beyond the 5 largest
+
+
 def test_top_k_keeps_ties_with_the_kth_and_nothing_just_below() -> None:
     """top-k 3 on a row whose four largest logits tie and 390 more sit 1e-4 below them: 2,000
     draws take all four tied tokens and nothing else."""

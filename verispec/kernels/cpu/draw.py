@@ -108,8 +108,9 @@ def coupled_draw(
         return None
     vocab = row.shape[0]
     e, keys = _buffers(vocab, block)
+    top_k = sampling.top_k if sampling.top_k < vocab else 0  # no cut (and no int64 overflow)
     token = lib.vs_coupled_draw(
-        row.data_ptr(), vocab, sampling.temperature, sampling.top_k, sampling.top_p,
+        row.data_ptr(), vocab, sampling.temperature, top_k, sampling.top_p,
         sampling.min_p, seed, position, block, e.data_ptr(), keys.data_ptr(),
     )  # fmt: skip
     return None if token < 0 else int(token)
