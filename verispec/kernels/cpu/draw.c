@@ -9,9 +9,10 @@
  * top-p set: the tokens of probability at least p_max / 2^10 (else 2^14, 2^20,
  * (1 - top_p) / 2V, else all) ranked by a radix sort of (probability, id) keys, their
  * masses summed in float64, the first token whose predecessors hold top_p and every later
- * one dropped. Then min-p, the block masses in float64, and the race: block argmin F_b /
- * Q_b, then token argmin E_v / q_v inside it. The race needs no normalised row (it is the
- * same for any scale of q), so none is written.
+ * one dropped (the candidates by a vector compare). Then min-p, the block masses in float64,
+ * and the race: block argmin F_b / Q_b, then token argmin E_v / q_v inside it. The race
+ * needs no normalised row (it is the same for any scale of q), so none is written, and
+ * after a top-p cut it runs over the kept tokens' list, not the row.
  *
  * Same law as the torch path. Not the same bits: the exponentials, the softmax sums and the
  * logarithm of the noise round differently, so a draw can differ from the torch path's only
@@ -105,27 +106,44 @@ static inline uint64_t rank_key(float p, int64_t id) {
     return ((uint64_t)(~bits) << 32) | (uint64_t)id;
 }
 
-/* The top-p cut of the probabilities e[v] / z: zeroes e[v] of every dropped token and
- * returns the kept tokens' sum of e (float32). keys holds 2 V entries. */
-static float top_p_cut(float *e, int64_t V, float z, double top_p, uint64_t *keys) {
-    float top = 0.0f;
-    for (int64_t v = 0; v < V; v++) top = e[v] > top ? e[v] : top;
+/* The candidates of the top-p cut: every token whose e[v] is at least `cut`, in id order, as
+ * rank keys of their probabilities e[v] / z; adds their probabilities to *mass. */
+static int64_t gather_at_least(const float *e, int64_t V, float cut, float z, uint64_t *keys,
+                               double *mass) {
+    int64_t n = 0, v = 0;
+    const __m256 c = _mm256_set1_ps(cut);
+    for (; v + 8 <= V; v += 8) {
+        int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(e + v), c, _CMP_GE_OQ));
+        while (bits) {
+            const int lane = __builtin_ctz(bits);
+            bits &= bits - 1;
+            const float p = e[v + lane] / z;
+            keys[n++] = rank_key(p, v + lane), *mass += p;
+        }
+    }
+    for (; v < V; v++)
+        if (e[v] >= cut) {
+            const float p = e[v] / z;
+            keys[n++] = rank_key(p, v), *mass += p;
+        }
+    return n;
+}
+
+/* The top-p cut of the probabilities e[v] / z (top: the largest e): the kept tokens as
+ * keys[0..kept) = (id << 32 | the bits of e[id]), ids ascending; returns kept. keys holds
+ * 2 V entries. */
+static int64_t top_p_cut(const float *e, int64_t V, float z, float top, double top_p,
+                         uint64_t *keys) {
     const float most = top / z;
-    /* the candidates: e[v] at least floor * z (a set is kept only if it holds the mass) */
+    /* the candidates: e[v] at least floor * z, the first floor whose set holds the mass;
+     * every other token ranks after all of them */
     const double floors[4] = {most / 1024.0f, most / 16384.0f, most / 1048576.0f,
                               (1.0 - top_p) / (2.0 * (double)V)};
     int64_t n = 0;
-    int found = 0;
-    for (int f = 0; f < 4 && !found; f++) {
-        const double cut = floors[f] * (double)z;
+    for (int f = 0; f < 4; f++) {
         double mass = 0.0;
-        n = 0;
-        for (int64_t v = 0; v < V; v++)
-            if ((double)e[v] >= cut) {
-                const float p = e[v] / z;
-                keys[n++] = rank_key(p, v), mass += p;
-            }
-        found = mass >= top_p;
+        n = gather_at_least(e, V, (float)(floors[f] * (double)z), z, keys, &mass);
+        if (mass >= top_p) break;
     }
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1) { /* rounding left the set short of the mass: rank every token */
@@ -143,27 +161,25 @@ static float top_p_cut(float *e, int64_t V, float z, double top_p, uint64_t *key
             if (kept == n && cumulative - p >= top_p) kept = i;
         }
         if (cumulative >= top_p || pass == 1 || n == V) {
-            /* keep keys[0..kept): each key becomes (its e bits, its id), the row is zeroed
-             * and the kept values are put back */
-            float sum = 0.0f;
             for (int64_t i = 0; i < kept; i++) {
                 const uint64_t id = keys[i] & 0xFFFFFFFFULL;
                 uint32_t bits;
                 memcpy(&bits, &e[id], sizeof bits);
-                keys[i] = ((uint64_t)bits << 32) | id;
+                keys[i] = (id << 32) | bits;
             }
-            memset(e, 0, (size_t)V * sizeof *e);
-            for (int64_t i = 0; i < kept; i++) {
-                const uint32_t bits = (uint32_t)(keys[i] >> 32);
-                float value;
-                memcpy(&value, &bits, sizeof value);
-                e[keys[i] & 0xFFFFFFFFULL] = value;
-                sum += value;
-            }
-            return sum;
+            sort_keys(keys, keys + V, kept); /* by id */
+            return kept;
         }
     }
-    return 0.0f; /* not reached: the second pass always returns */
+    return 0; /* not reached: the second pass always returns */
+}
+
+/* The value of a kept token's key (its e). */
+static inline float kept_value(uint64_t key) {
+    const uint32_t bits = (uint32_t)key;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
 }
 
 /* The float64 sum of q[0..n): eight lanes, then the lanes in order, then the tail. */
@@ -197,8 +213,8 @@ static int64_t race(const double *noise, const double *w, int64_t n) {
  *
  * temperature >= 0 (0: the first maximum; below 2^-126, 2^-126); top_k
  * 0 or k (kept when k >= V); top_p in (0, 1]; min_p in [0, 1). block: tokens per block of
- * the race (V <= block: one level). Work buffers: e (V floats) and keys (max(2 V, 2 ceil(V /
- * block), 2 block) uint64).
+ * the race (V <= block: one level). Work buffers: e (V floats) and keys (2 V + 2 ceil(V /
+ * block) + 2 block uint64).
  * Returns the token, or -1 when the row holds NaN or +inf or no finite value (the caller's
  * torch path says which), -2 for an argument out of range. */
 int64_t vs_coupled_draw(const float *x, int64_t V, double temperature_given, int64_t top_k,
@@ -248,44 +264,76 @@ int64_t vs_coupled_draw(const float *x, int64_t V, double temperature_given, int
     const float shift = cut_k ? 0.0f : m, scale = cut_k ? 1.0f : temperature;
     const __m256 lo = _mm256_set1_ps(-87.3365448f), vm = _mm256_set1_ps(shift);
     const __m256 vt = _mm256_set1_ps(scale);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps(), big = _mm256_setzero_ps();
     for (v = 0; v + 8 <= V; v += 8) {
         __m256 s = _mm256_loadu_ps(from + v);
         if (!cut_k) s = _mm256_sub_ps(s, vm);
         if (scale != 1.0f) s = _mm256_div_ps(s, vt);
         const __m256 y = _mm256_andnot_ps(_mm256_cmp_ps(s, lo, _CMP_LT_OQ), exp8(s));
         _mm256_storeu_ps(e + v, y);
-        acc = _mm256_add_ps(acc, y);
+        acc = _mm256_add_ps(acc, y), big = _mm256_max_ps(big, y);
     }
-    float z = hsum8(acc);
+    float z = hsum8(acc), top = 0.0f;
+    {
+        float lanes[8];
+        _mm256_storeu_ps(lanes, big);
+        for (int j = 0; j < 8; j++) top = lanes[j] > top ? lanes[j] : top;
+    }
     for (; v < V; v++) {
         float s = cut_k ? from[v] : from[v] - shift;
         if (scale != 1.0f) s = s / scale;
         e[v] = s < -87.3365448f ? 0.0f : expf(s);
-        z += e[v];
+        z += e[v], top = e[v] > top ? e[v] : top;
     }
-    /* the probabilities are e / z: the cuts compare them, the race needs no normalising */
-    if (top_p < 1.0) z = top_p_cut(e, V, z, top_p, keys);
+    /* The probabilities are e / z: the cuts compare them, the race needs no normalising.
+     * After a top-p cut the row is the kept list, keys[0..kept) (ids ascending); else e. */
+    int64_t kept = -1;
+    if (top_p < 1.0) {
+        kept = top_p_cut(e, V, z, top, top_p, keys);
+        z = 0.0f, top = 0.0f;
+        for (int64_t i = 0; i < kept; i++) {
+            const float value = kept_value(keys[i]);
+            z += value, top = value > top ? value : top;
+        }
+    }
     if (min_p > 0.0f) {
-        float top = 0.0f;
-        for (v = 0; v < V; v++) top = e[v] > top ? e[v] : top;
         const float floor = min_p * (top / z);
-        for (v = 0; v < V; v++)
-            if (e[v] / z < floor) e[v] = 0.0f;
+        if (kept < 0) {
+            for (v = 0; v < V; v++)
+                if (e[v] / z < floor) e[v] = 0.0f;
+        } else {
+            int64_t k = 0;
+            for (int64_t i = 0; i < kept; i++)
+                if (!(kept_value(keys[i]) / z < floor)) keys[k++] = keys[i];
+            kept = k;
+        }
     }
     /* the race: a block by its float64 mass, then a token inside it */
     const int64_t blocks = (V + block - 1) / block;
-    double *mass = (double *)keys, *noise = mass + blocks;
+    double *mass = (double *)(keys + (kept < 0 ? 0 : kept)), *noise = mass + blocks;
     int64_t chosen = 0;
     if (blocks > 1) {
-        for (int64_t b = 0; b < blocks; b++)
-            mass[b] = block_mass(e + b * block, (b + 1) * block < V ? block : V - b * block);
+        if (kept < 0) {
+            for (int64_t b = 0; b < blocks; b++)
+                mass[b] = block_mass(e + b * block, (b + 1) * block < V ? block : V - b * block);
+        } else {
+            for (int64_t b = 0; b < blocks; b++) mass[b] = 0.0;
+            for (int64_t i = 0; i < kept; i++) mass[(keys[i] >> 32) / block] += kept_value(keys[i]);
+        }
         vs_position_noise(seed, position, 0, blocks, noise);
         chosen = race(noise, mass, blocks);
     }
     const int64_t start = chosen * block, n = start + block < V ? block : V - start;
-    double *weight = (double *)keys, *inside = weight + n;
-    for (int64_t i = 0; i < n; i++) weight[i] = e[start + i];
+    double *weight = mass, *inside = weight + n;
+    if (kept < 0) {
+        for (int64_t i = 0; i < n; i++) weight[i] = e[start + i];
+    } else {
+        for (int64_t i = 0; i < n; i++) weight[i] = 0.0;
+        for (int64_t i = 0; i < kept; i++) {
+            const int64_t id = (int64_t)(keys[i] >> 32);
+            if (id >= start && id < start + n) weight[id - start] = kept_value(keys[i]);
+        }
+    }
     vs_position_noise(seed, position, (uint64_t)chosen + 1, n, inside);
     return start + race(inside, weight, n);
 }

@@ -62,7 +62,7 @@ def _buffers(vocab: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     exponentials) and the 64-bit keys (the top-k heap, the ranked top-p candidates, then the
     race's masses and noise)."""
     blocks = -(-vocab // block)
-    size = max(2 * vocab, 2 * blocks, 2 * block)
+    size = 2 * vocab + 2 * blocks + 2 * block
     held = getattr(_BUFFERS, "held", None)
     if held is None or held[0].shape[0] < vocab or held[1].shape[0] < size:
         held = (torch.empty(vocab), torch.empty(size, dtype=torch.int64))
