@@ -4,15 +4,15 @@
  * position_noise's Philox4x64-10 noise).
  *
  * The passes over the row: its maximum (and whether it holds NaN or +inf); with top-k the
- * scores (x - max) / T and their k-th largest by a min-heap of k; the exponentials of the
- * scores (AVX2, Cephes' polynomial, 0 below float32's normal range) and their sum. Then the
- * top-p set: the tokens of probability at least p_max / 2^10 (else 2^14, 2^20,
+ * scores (x - max) / T, their k-th largest by a min-heap of k and the exponentials of the
+ * scores at least that; else the exponentials of every score (AVX2, Cephes' polynomial, 0
+ * below float32's normal range) and their sum. Then the top-p set: the tokens of probability at least p_max / 2^10 (else 2^14, 2^20,
  * (1 - top_p) / 2V, else all) ranked by a radix sort of (probability, id) keys, their
  * masses summed in float64, the first token whose predecessors hold top_p and every later
  * one dropped (the candidates by a vector compare). Then min-p, the block masses in float64,
  * and the race: block argmin F_b / Q_b, then token argmin E_v / q_v inside it. The race
  * needs no normalised row (it is the same for any scale of q), so none is written, and
- * after a top-p cut it runs over the kept tokens' list, not the row.
+ * after a top-k or top-p cut it runs over the kept tokens' list, not the row.
  *
  * Same law as the torch path. Not the same bits: the exponentials, the softmax sums and the
  * logarithm of the noise round differently, so a draw can differ from the torch path's only
@@ -129,9 +129,35 @@ static int64_t gather_at_least(const float *e, int64_t V, float cut, float z, ui
     return n;
 }
 
-/* The top-p cut of the probabilities e[v] / z (top: the largest e): the kept tokens as
- * keys[0..kept) = (id << 32 | the bits of e[id]), ids ascending; returns kept. keys holds
- * 2 V entries. */
+/* The top-p cut of ranked candidates keys[0..n) (rank keys of e[id] / z, ids ascending):
+ * sorted, the first token whose predecessors hold top_p and every later one dropped, the
+ * kept ones as keys[0..kept) = (id << 32 | the bits of e[id]), ids ascending. Returns kept,
+ * or -1 where the candidates hold less than top_p and are not `complete` (the whole
+ * support). keys holds 2 V entries. */
+static int64_t keep_prefix(const float *e, int64_t V, double top_p, uint64_t *keys, int64_t n,
+                           int complete) {
+    sort_keys(keys, keys + V, n); /* four passes: the sorted keys end in keys */
+    double cumulative = 0.0;
+    int64_t kept = n;
+    for (int64_t i = 0; i < n; i++) {
+        float p;
+        const uint32_t bits = ~(uint32_t)(keys[i] >> 32);
+        memcpy(&p, &bits, sizeof p);
+        cumulative += p;
+        if (kept == n && cumulative - p >= top_p) kept = i;
+    }
+    if (!(cumulative >= top_p) && !complete) return -1;
+    for (int64_t i = 0; i < kept; i++) {
+        const uint64_t id = keys[i] & 0xFFFFFFFFULL;
+        uint32_t bits;
+        memcpy(&bits, &e[id], sizeof bits);
+        keys[i] = (id << 32) | bits;
+    }
+    sort_keys(keys, keys + V, kept); /* by id */
+    return kept;
+}
+
+/* The top-p cut of the row's probabilities e[v] / z (top: the largest e), as keep_prefix. */
 static int64_t top_p_cut(const float *e, int64_t V, float z, float top, double top_p,
                          uint64_t *keys) {
     const float most = top / z;
@@ -145,33 +171,11 @@ static int64_t top_p_cut(const float *e, int64_t V, float z, float top, double t
         n = gather_at_least(e, V, (float)(floors[f] * (double)z), z, keys, &mass);
         if (mass >= top_p) break;
     }
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1) { /* rounding left the set short of the mass: rank every token */
-            n = 0;
-            for (int64_t v = 0; v < V; v++) keys[n++] = rank_key(e[v] / z, v);
-        }
-        sort_keys(keys, keys + V, n); /* four passes: the sorted keys end in keys */
-        double cumulative = 0.0;
-        int64_t kept = n;
-        for (int64_t i = 0; i < n; i++) {
-            float p;
-            const uint32_t bits = ~(uint32_t)(keys[i] >> 32);
-            memcpy(&p, &bits, sizeof p);
-            cumulative += p;
-            if (kept == n && cumulative - p >= top_p) kept = i;
-        }
-        if (cumulative >= top_p || pass == 1 || n == V) {
-            for (int64_t i = 0; i < kept; i++) {
-                const uint64_t id = keys[i] & 0xFFFFFFFFULL;
-                uint32_t bits;
-                memcpy(&bits, &e[id], sizeof bits);
-                keys[i] = (id << 32) | bits;
-            }
-            sort_keys(keys, keys + V, kept); /* by id */
-            return kept;
-        }
-    }
-    return 0; /* not reached: the second pass always returns */
+    const int64_t kept = keep_prefix(e, V, top_p, keys, n, n == V);
+    if (kept >= 0) return kept;
+    n = 0; /* rounding left the set short of the mass: rank every token */
+    for (int64_t v = 0; v < V; v++) keys[n++] = rank_key(e[v] / z, v);
+    return keep_prefix(e, V, top_p, keys, n, 1);
 }
 
 /* The value of a kept token's key (its e). */
@@ -253,43 +257,61 @@ int64_t vs_coupled_draw(const float *x, int64_t V, double temperature_given, int
     }
     /* the exponentials of the scores (x - m) / T, 0 below float32's normal range, and
      * their sum; with top-k the scores are written first and cut at the k-th largest */
-    const int cut_k = top_k && top_k < V;
-    if (cut_k) {
+    /* The probabilities are e / z: the cuts compare them, the race needs no normalising.
+     * After a top-k or top-p cut the row is the kept list, keys[0..kept) = (id << 32 | the
+     * bits of e[id]), ids ascending; else the row e. */
+    int64_t kept = -1;
+    float z = 0.0f, top = 0.0f;
+    if (top_k && top_k < V) {
+        /* the scores, their k-th largest, and the exponentials of those at least that */
         for (v = 0; v < V; v++) e[v] = temperature != 1.0f ? (x[v] - m) / temperature : x[v] - m;
         const float kth = kth_largest(e, V, top_k, (float *)keys);
-        for (v = 0; v < V; v++)
-            if (e[v] < kth) e[v] = -INFINITY;
-    }
-    const float *from = cut_k ? e : x;
-    const float shift = cut_k ? 0.0f : m, scale = cut_k ? 1.0f : temperature;
-    const __m256 lo = _mm256_set1_ps(-87.3365448f), vm = _mm256_set1_ps(shift);
-    const __m256 vt = _mm256_set1_ps(scale);
-    __m256 acc = _mm256_setzero_ps(), big = _mm256_setzero_ps();
-    for (v = 0; v + 8 <= V; v += 8) {
-        __m256 s = _mm256_loadu_ps(from + v);
-        if (!cut_k) s = _mm256_sub_ps(s, vm);
-        if (scale != 1.0f) s = _mm256_div_ps(s, vt);
-        const __m256 y = _mm256_andnot_ps(_mm256_cmp_ps(s, lo, _CMP_LT_OQ), exp8(s));
-        _mm256_storeu_ps(e + v, y);
-        acc = _mm256_add_ps(acc, y), big = _mm256_max_ps(big, y);
-    }
-    float z = hsum8(acc), top = 0.0f;
-    {
+        double unused = 0.0;
+        kept = gather_at_least(e, V, kth, 1.0f, keys, &unused); /* rank keys, ids ascending */
+        for (int64_t i = 0; i < kept; i++) {
+            const uint64_t id = keys[i] & 0xFFFFFFFFULL;
+            e[id] = e[id] < -87.3365448f ? 0.0f : expf(e[id]);
+            z += e[id], top = e[id] > top ? e[id] : top;
+        }
+        if (top_p < 1.0) {
+            for (int64_t i = 0; i < kept; i++) {
+                const uint64_t id = keys[i] & 0xFFFFFFFFULL;
+                keys[i] = rank_key(e[id] / z, (int64_t)id);
+            }
+            kept = keep_prefix(e, V, top_p, keys, kept, 1);
+        } else {
+            for (int64_t i = 0; i < kept; i++) {
+                const uint64_t id = keys[i] & 0xFFFFFFFFULL;
+                uint32_t bits;
+                memcpy(&bits, &e[id], sizeof bits);
+                keys[i] = (id << 32) | bits;
+            }
+        }
+    } else {
+        /* the exponentials of the scores (x - m) / T, 0 below float32's normal range */
+        const __m256 lo = _mm256_set1_ps(-87.3365448f), vm = _mm256_set1_ps(m);
+        const __m256 vt = _mm256_set1_ps(temperature);
+        __m256 acc = _mm256_setzero_ps(), big = _mm256_setzero_ps();
+        for (v = 0; v + 8 <= V; v += 8) {
+            __m256 s = _mm256_sub_ps(_mm256_loadu_ps(x + v), vm);
+            if (temperature != 1.0f) s = _mm256_div_ps(s, vt);
+            const __m256 y = _mm256_andnot_ps(_mm256_cmp_ps(s, lo, _CMP_LT_OQ), exp8(s));
+            _mm256_storeu_ps(e + v, y);
+            acc = _mm256_add_ps(acc, y), big = _mm256_max_ps(big, y);
+        }
+        z = hsum8(acc);
         float lanes[8];
         _mm256_storeu_ps(lanes, big);
         for (int j = 0; j < 8; j++) top = lanes[j] > top ? lanes[j] : top;
+        for (; v < V; v++) {
+            float s = x[v] - m;
+            if (temperature != 1.0f) s = s / temperature;
+            e[v] = s < -87.3365448f ? 0.0f : expf(s);
+            z += e[v], top = e[v] > top ? e[v] : top;
+        }
+        if (top_p < 1.0) kept = top_p_cut(e, V, z, top, top_p, keys);
     }
-    for (; v < V; v++) {
-        float s = cut_k ? from[v] : from[v] - shift;
-        if (scale != 1.0f) s = s / scale;
-        e[v] = s < -87.3365448f ? 0.0f : expf(s);
-        z += e[v], top = e[v] > top ? e[v] : top;
-    }
-    /* The probabilities are e / z: the cuts compare them, the race needs no normalising.
-     * After a top-p cut the row is the kept list, keys[0..kept) (ids ascending); else e. */
-    int64_t kept = -1;
-    if (top_p < 1.0) {
-        kept = top_p_cut(e, V, z, top, top_p, keys);
+    if (kept >= 0) {
         z = 0.0f, top = 0.0f;
         for (int64_t i = 0; i < kept; i++) {
             const float value = kept_value(keys[i]);
