@@ -106,10 +106,8 @@ static inline uint64_t rank_key(float p, int64_t id) {
     return ((uint64_t)(~bits) << 32) | (uint64_t)id;
 }
 
-/* The candidates of the top-p cut: every token whose e[v] is at least `cut`, in id order, as
- * rank keys of their probabilities e[v] / z; adds their probabilities to *mass. */
-static int64_t gather_at_least(const float *e, int64_t V, float cut, float z, uint64_t *keys,
-                               double *mass) {
+/* The ids of every token whose e[v] is at least `cut`, ascending, into ids; returns how many. */
+static int64_t gather_at_least(const float *e, int64_t V, float cut, uint64_t *ids) {
     int64_t n = 0, v = 0;
     const __m256 c = _mm256_set1_ps(cut);
     for (; v + 8 <= V; v += 8) {
@@ -117,15 +115,11 @@ static int64_t gather_at_least(const float *e, int64_t V, float cut, float z, ui
         while (bits) {
             const int lane = __builtin_ctz(bits);
             bits &= bits - 1;
-            const float p = e[v + lane] / z;
-            keys[n++] = rank_key(p, v + lane), *mass += p;
+            ids[n++] = (uint64_t)(v + lane);
         }
     }
     for (; v < V; v++)
-        if (e[v] >= cut) {
-            const float p = e[v] / z;
-            keys[n++] = rank_key(p, v), *mass += p;
-        }
+        if (e[v] >= cut) ids[n++] = (uint64_t)v;
     return n;
 }
 
@@ -168,7 +162,11 @@ static int64_t top_p_cut(const float *e, int64_t V, float z, float top, double t
     int64_t n = 0;
     for (int f = 0; f < 4; f++) {
         double mass = 0.0;
-        n = gather_at_least(e, V, (float)(floors[f] * (double)z), z, keys, &mass);
+        n = gather_at_least(e, V, (float)(floors[f] * (double)z), keys);
+        for (int64_t i = 0; i < n; i++) {
+            const float p = e[keys[i]] / z;
+            keys[i] = rank_key(p, (int64_t)keys[i]), mass += p;
+        }
         if (mass >= top_p) break;
     }
     const int64_t kept = keep_prefix(e, V, top_p, keys, n, n == V);
@@ -255,8 +253,6 @@ int64_t vs_coupled_draw(const float *x, int64_t V, double temperature_given, int
         for (v = 0; v < V; v++)
             if (x[v] == m) return v;
     }
-    /* the exponentials of the scores (x - m) / T, 0 below float32's normal range, and
-     * their sum; with top-k the scores are written first and cut at the k-th largest */
     /* The probabilities are e / z: the cuts compare them, the race needs no normalising.
      * After a top-k or top-p cut the row is the kept list, keys[0..kept) = (id << 32 | the
      * bits of e[id]), ids ascending; else the row e. */
@@ -266,22 +262,21 @@ int64_t vs_coupled_draw(const float *x, int64_t V, double temperature_given, int
         /* the scores, their k-th largest, and the exponentials of those at least that */
         for (v = 0; v < V; v++) e[v] = temperature != 1.0f ? (x[v] - m) / temperature : x[v] - m;
         const float kth = kth_largest(e, V, top_k, (float *)keys);
-        double unused = 0.0;
-        kept = gather_at_least(e, V, kth, 1.0f, keys, &unused); /* rank keys, ids ascending */
+        kept = gather_at_least(e, V, kth, keys); /* ids ascending */
         for (int64_t i = 0; i < kept; i++) {
-            const uint64_t id = keys[i] & 0xFFFFFFFFULL;
+            const uint64_t id = keys[i];
             e[id] = e[id] < -87.3365448f ? 0.0f : expf(e[id]);
             z += e[id], top = e[id] > top ? e[id] : top;
         }
         if (top_p < 1.0) {
             for (int64_t i = 0; i < kept; i++) {
-                const uint64_t id = keys[i] & 0xFFFFFFFFULL;
+                const uint64_t id = keys[i];
                 keys[i] = rank_key(e[id] / z, (int64_t)id);
             }
             kept = keep_prefix(e, V, top_p, keys, kept, 1);
         } else {
             for (int64_t i = 0; i < kept; i++) {
-                const uint64_t id = keys[i] & 0xFFFFFFFFULL;
+                const uint64_t id = keys[i];
                 uint32_t bits;
                 memcpy(&bits, &e[id], sizeof bits);
                 keys[i] = (id << 32) | bits;

@@ -6,7 +6,8 @@
  * pass's attention core) and by the C layers' prompt pass (kernels/cpu/layer.c). Flash
  * attention: for each KV group and block of QB tokens (their G heads each: up to QB G query
  * rows), the cached keys are read a block of KB slots at a time, transposed once a pass so
- * that a register tile of rows times 32 slots is broadcast query values times key rows; each row keeps a running maximum and sum (online softmax) and
+ * that a register tile of rows times 32 slots is broadcast query values times key rows;
+ * each row keeps a running maximum and sum (online softmax) and
  * accumulates its weighted values in an L1-resident buffer. No score matrix over the
  * whole prompt is formed, and each key and value block is read once for all the rows of a
  * token block.
